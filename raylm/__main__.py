@@ -1,0 +1,5 @@
+import sys
+
+from raylm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,54 @@
+"""Scoring actors: each keeps one model resident and scores whatever shards it is handed.
+
+`score_shard` is the whole per-shard job as a plain function, so it runs the same in-process (tests,
+benchmarks) and inside an actor.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import ray
+import torch
+
+from raylm.encoding import resolve_max_length
+from raylm.model_loading import ModelSpec, load_model, load_tokenizer
+from raylm.scoring import Scorer
+from raylm.shard_sums import shard_sums
+
+
+@dataclass
+class ScoredShard:
+    table: pa.Table
+    sums: dict[str, float]
+    pid: int
+
+
+def score_shard(scorer: Scorer, kind: str, shard: pa.Table) -> ScoredShard:
+    loglik, greedy = scorer.score(shard["context"].to_pylist(), shard["continuation"].to_pylist())
+    scored = shard.drop_columns(["context", "continuation"])
+    for name, column in (("loglikelihood", pa.array(loglik, pa.float64())), ("is_greedy", pa.array(greedy)),
+                         ("context_tokens", pc.list_value_length(shard["context"])),
+                         ("continuation_tokens", pc.list_value_length(shard["continuation"]))):
+        scored = scored.append_column(name, column)
+    return ScoredShard(scored, shard_sums(kind, scored), os.getpid())
+
+
+class ScoringActor:
+    def __init__(self, spec: ModelSpec, threads: int, batch_size: int | None):
+        torch.set_num_threads(threads)
+        self.model = load_model(spec)
+        self.scorer = Scorer(self.model, resolve_max_length(self.model.config, load_tokenizer(spec)), batch_size)
+
+    def ready(self) -> int:
+        """The actor's PID: proof of life once the model is loaded, and what fault-injection tests kill."""
+        return os.getpid()
+
+    def score(self, kind: str, shard: pa.Table) -> ScoredShard:
+        return score_shard(self.scorer, kind, shard)
+
+
+RemoteScoringActor = ray.remote(ScoringActor)

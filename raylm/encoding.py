@@ -1,0 +1,107 @@
+"""Text -> token ids exactly as lm-evaluation-harness 0.4.13 (HFLM) builds them.
+
+Matching lm-eval here is what makes raylm's numbers trustworthy to someone switching tools, so each quirk is
+kept on purpose: the tokenizer's own special-token default (a Llama tokenizer prepends BOS to context and
+whole alike), trailing context spaces moved into the continuation, continuation = tail of the joint encoding,
+and lm-eval's rolling windows that predict every token exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# transformers' "no limit" sentinel for model_max_length.
+_TOKENIZER_INFINITY = 1_000_000_000_000_000_019_884_624_838_656
+_DEFAULT_MAX_LENGTH = 2048
+_SEQLEN_CONFIG_ATTRS = ("n_positions", "max_position_embeddings", "n_ctx")
+
+
+def resolve_max_length(config, tokenizer) -> int:
+    """Context length in lm-eval's order: text_config, model config, tokenizer, then 2048."""
+    cfg = getattr(config, "text_config", None) or config
+    for attr in _SEQLEN_CONFIG_ATTRS:
+        value = getattr(cfg, attr, None)
+        if value is not None:
+            return int(value)
+    limit = getattr(tokenizer, "model_max_length", None)
+    if limit is not None and limit != _TOKENIZER_INFINITY:
+        return int(limit)
+    return _DEFAULT_MAX_LENGTH
+
+
+def prefix_token_id(tokenizer) -> int:
+    """The token that conditions an empty context and the first rolling window: BOS, else EOS."""
+    for token_id in (tokenizer.bos_token_id, tokenizer.eos_token_id):
+        if token_id is not None:
+            return int(token_id)
+    raise ValueError(
+        f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has neither a BOS nor an EOS token, so there is no "
+        "prefix token to condition empty contexts and rolling windows on"
+    )
+
+
+class Encoder:
+    def __init__(self, tokenizer, max_length: int):
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.prefix_token = prefix_token_id(tokenizer)
+        self._prefix_text = tokenizer.decode(self.prefix_token)
+
+    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+        """Encode with the tokenizer's default special tokens, except for text already starting with the prefix."""
+        plain = [i for i, t in enumerate(texts) if not t.startswith(self._prefix_text)]
+        prefixed = [i for i, t in enumerate(texts) if t.startswith(self._prefix_text)]
+        out: list[list[int]] = [[] for _ in texts]
+        for indices, kwargs in ((plain, {}), (prefixed, {"add_special_tokens": False})):
+            if indices:
+                ids = self.tokenizer([texts[i] for i in indices], **kwargs)["input_ids"]
+                for i, row in zip(indices, ids):
+                    out[i] = list(row)
+        return out
+
+    def encode_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+        """(context, continuation) strings -> (context ids, continuation ids), batched through the tokenizer."""
+        moved = [_move_trailing_space(c, k) for c, k in pairs]
+        with_context = [i for i, (c, _) in enumerate(moved) if c]
+        wholes = self.encode_many([moved[i][0] + moved[i][1] for i in with_context])
+        contexts = self.encode_many([moved[i][0] for i in with_context])
+        out: list[tuple[list[int], list[int]]] = [([], []) for _ in pairs]
+        for i, whole, context in zip(with_context, wholes, contexts):
+            out[i] = (context, whole[len(context):])
+        for i, (context, continuation) in enumerate(moved):
+            if not context:
+                out[i] = self._empty_context(continuation)
+        return out
+
+    def _empty_context(self, continuation: str) -> tuple[list[int], list[int]]:
+        ids = list(self.tokenizer(continuation, add_special_tokens=False)["input_ids"])
+        if ids and ids[0] == self.prefix_token:
+            return ids[:1], ids[1:]
+        return [self.prefix_token], ids
+
+
+def _move_trailing_space(context: str, continuation: str) -> tuple[str, str]:
+    stripped = context.rstrip()
+    return stripped, context[len(stripped):] + continuation
+
+
+def rolling_windows(tokens: list[int], prefix_token: int, max_length: int) -> list[tuple[list[int], list[int]]]:
+    """Cover `tokens` with windows of at most max_length inputs that predict each token exactly once.
+
+    The first window is conditioned on the prefix token; each later one on the tokens just before it, so the
+    last, shorter window still sees a full context (lm-eval's get_rolling_token_windows + make_disjoint_window
+    with context_len=1). Returned as (context, continuation) requests.
+    """
+    windows: list[tuple[list[int], list[int]]] = []
+    if not tokens:
+        return windows
+    first = min(max_length, len(tokens))
+    windows.append(([prefix_token], tokens[:first]))
+    predicted = first
+    while predicted < len(tokens):
+        n = min(len(tokens) - predicted, max_length)
+        end = predicted + n
+        inputs = tokens[max(0, end - max_length - 1):end - 1]
+        windows.append((inputs[:len(inputs) - (n - 1)], tokens[end - n:end]))
+        predicted = end
+    return windows

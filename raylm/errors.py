@@ -1,0 +1,20 @@
+"""User-facing errors: one line that names where the bad input is, so the CLI can print it and exit non-zero."""
+
+from __future__ import annotations
+
+
+class RaylmError(Exception):
+    """An error the user can fix; the CLI prints its message alone, without a traceback."""
+
+
+class InputError(RaylmError):
+    """Bad input data, pointing at the file, row and field so the user can find it without a debugger."""
+
+    def __init__(self, source: str, message: str, row: int | None = None, field: str | None = None):
+        where = source
+        if row is not None:
+            where += f": row {row}"
+        if field is not None:
+            where += f": field '{field}'"
+        super().__init__(f"{where}: {message}")
+        self.source, self.row, self.field = source, row, field

@@ -1,0 +1,125 @@
+"""The driver's whole job, top to bottom: rows -> requests -> shards -> actors -> sums -> metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+from ray.actor import ActorHandle
+
+from raylm import __version__
+from raylm.encoding import Encoder, resolve_max_length
+from raylm.errors import RaylmError
+from raylm.metrics import choice_metrics, rolling_metrics
+from raylm.model_loading import ModelSpec, check_model_path, load_tokenizer
+from raylm.requests import build_requests
+from raylm.runtime import connect, start_actors
+from raylm.scheduler import run_shards
+from raylm.shard_sums import merge
+from raylm.shards import DEFAULT_SHARD_REQUESTS, make_shards
+from raylm.tasks import ChoiceDoc, get_task
+from raylm.tasks.base import with_fewshot
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FEWSHOT_SEED = 1234  # lm-eval's default fewshot_random_seed
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    model: ModelSpec
+    tasks: tuple[str, ...]
+    data_dir: Path | None = None
+    limit: int | None = None
+    num_fewshot: int = 0
+    seed: int = DEFAULT_FEWSHOT_SEED
+    batch_size: int | None = None
+    actors: int | None = None
+    shard_requests: int = DEFAULT_SHARD_REQUESTS
+    progress: bool = True
+
+    def validate(self) -> None:
+        for name in self.tasks:
+            get_task(name)
+        if not self.tasks:
+            raise RaylmError("no tasks given")
+        if self.limit is not None and self.limit < 1:
+            raise RaylmError(f"--limit must be a positive number of documents, got {self.limit}")
+        if self.num_fewshot < 0:
+            raise RaylmError(f"--num-fewshot must be 0 or more, got {self.num_fewshot}")
+        if self.actors is not None and self.actors < 1:
+            raise RaylmError(f"--actors must be at least 1, got {self.actors}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise RaylmError(f"--batch-size must be 'auto' or a positive integer, got {self.batch_size}")
+        if self.shard_requests < 1:
+            raise RaylmError(f"shard size must be at least 1, got {self.shard_requests}")
+
+
+@dataclass
+class TaskResult:
+    name: str
+    kind: str
+    metrics: dict[str, float]
+    sums: dict[str, float]
+    n_docs_original: int
+    scored: pa.Table
+
+
+@dataclass
+class EvalResult:
+    config: EvalConfig
+    tasks: dict[str, TaskResult]
+    wall_s: float
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def build_task_requests(cfg: EvalConfig, encoder: Encoder) -> tuple[dict[str, tuple[str, pa.Table]], dict[str, int]]:
+    """Every task's requests as an Arrow table, plus each task's document count before --limit."""
+    tables: dict[str, tuple[str, pa.Table]] = {}
+    originals: dict[str, int] = {}
+    for name in cfg.tasks:
+        task = get_task(name)
+        docs = task.load_docs(cfg.data_dir)
+        originals[name] = len(docs)
+        docs = docs[: cfg.limit] if cfg.limit else docs
+        if cfg.num_fewshot and task.kind == "multiple_choice":
+            if task.load_fewshot_pool is None:
+                raise RaylmError(f"{name}: has no few-shot pool")
+            pool = task.load_fewshot_pool(cfg.data_dir)
+            docs = with_fewshot(task, [d for d in docs if isinstance(d, ChoiceDoc)], pool, cfg.num_fewshot, cfg.seed)
+        elif cfg.num_fewshot:
+            log.warning("%s is scored zero-shot: few-shot examples do not apply to rolling loglikelihood", name)
+        tables[name] = (task.kind, build_requests(task, docs, encoder))
+    return tables, originals
+
+
+def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None) -> EvalResult:
+    """Run every task of cfg on the given actors (or on new ones, started and released here)."""
+    cfg.validate()
+    check_model_path(cfg.model)
+    start = time.time()
+    tokenizer = load_tokenizer(cfg.model)
+    from transformers import AutoConfig
+
+    model_config = AutoConfig.from_pretrained(cfg.model.path, revision=cfg.model.revision,
+                                              trust_remote_code=cfg.model.trust_remote_code)
+    try:
+        encoder = Encoder(tokenizer, resolve_max_length(model_config, tokenizer))
+    except ValueError as e:
+        raise RaylmError(str(e)) from e
+    tables, originals = build_task_requests(cfg, encoder)
+    shards = make_shards(tables, cfg.shard_requests)
+    connect()
+    pool = actors if actors is not None else start_actors(cfg.model, cfg.actors, cfg.batch_size)
+    scored = run_shards(pool, shards, progress=cfg.progress)
+    results = {}
+    for name, (kind, _) in tables.items():
+        mine = [s for shard, s in zip(shards, scored) if shard.task == name]
+        sums = merge(kind, [s.sums for s in mine])
+        metrics = rolling_metrics(sums) if kind == "rolling" else choice_metrics(sums, get_task(name).choice_metrics)
+        results[name] = TaskResult(name, kind, metrics, sums, originals[name], pa.concat_tables(s.table for s in mine))
+    return EvalResult(cfg, results, time.time() - start, {"raylm_version": __version__, "shards": len(shards),
+                                                           "max_length": encoder.max_length})

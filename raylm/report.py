@@ -1,0 +1,99 @@
+"""Final results -> results.json (lm-eval's shape), per-request samples as Parquet, and a printed table."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raylm.errors import RaylmError
+from raylm.evaluate import EvalResult
+from raylm.shard_sums import choice_predictions
+
+
+def results_dict(result: EvalResult) -> dict[str, Any]:
+    import ray
+    import torch
+    import transformers
+
+    cfg = result.config
+    return {
+        "results": {name: {"alias": name, **t.metrics} for name, t in result.tasks.items()},
+        "n-samples": {name: {"original": t.n_docs_original, "effective": int(t.sums["docs"])}
+                      for name, t in result.tasks.items()},
+        "sums": {name: t.sums for name, t in result.tasks.items()},
+        "config": {
+            "model": cfg.model.path, "model_args": cfg.model.as_dict(), "dtype": cfg.model.dtype,
+            "tasks": list(cfg.tasks), "limit": cfg.limit, "num_fewshot": cfg.num_fewshot, "seed": cfg.seed,
+            "batch_size": cfg.batch_size or "auto", "actors": cfg.actors, "data_dir": str(cfg.data_dir or "hub"),
+            "wall_time_s": result.wall_s,
+            "versions": {"raylm": result.extra.get("raylm_version"), "ray": ray.__version__,
+                         "torch": torch.__version__, "transformers": transformers.__version__,
+                         "python": platform.python_version()},
+            **{k: v for k, v in result.extra.items() if k != "raylm_version"},
+        },
+    }
+
+
+def prepare_output(out_dir: Path) -> None:
+    """Fail before any scoring if results could not be written, rather than after an hour of work."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RaylmError(f"output path '{out_dir}' exists and is not a directory")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as e:
+        raise RaylmError(f"output directory '{out_dir}' is not writable: {e.strerror}") from e
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Readers see the old file or the whole new one, never a partial write."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_samples(out_dir: Path, result: EvalResult) -> None:
+    """samples/<task>.parquet per request; samples/<task>_docs.parquet per document for multiple choice."""
+    for name, task in result.tasks.items():
+        path = out_dir / "samples" / f"{name}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(task.scored, path)
+        if task.kind == "multiple_choice":
+            p = choice_predictions(task.scored)
+            docs = pa.table({"doc_id": p.doc_id, "gold": p.gold, "pred": p.pred, "pred_norm": p.pred_norm,
+                             "acc": (p.pred == p.gold).astype("int8"), "acc_norm": (p.pred_norm == p.gold).astype("int8")})
+            pq.write_table(docs, out_dir / "samples" / f"{name}_docs.parquet")
+
+
+def write_results(out_dir: Path, result: EvalResult) -> Path:
+    path = out_dir / "results.json"
+    write_atomic(path, json.dumps(results_dict(result), indent=2, default=str).encode())
+    return path
+
+
+def format_table(result: EvalResult) -> str:
+    lines = [f"{'task':<12} {'metric':<18} {'value':>14} {'stderr':>10}  n"]
+    for name, task in result.tasks.items():
+        for key, value in task.metrics.items():
+            if "_stderr" in key:
+                continue
+            metric = key.split(",")[0]
+            stderr = task.metrics.get(f"{metric}_stderr,none")
+            stderr_text = f"{stderr:10.4f}" if stderr is not None else f"{'':>10}"
+            lines.append(f"{name:<12} {metric:<18} {value:14.4f} {stderr_text}  {int(task.sums['docs'])}")
+    lines.append(f"wall time {result.wall_s:.1f} s, {result.extra.get('shards')} shards")
+    return "\n".join(lines)

@@ -1,0 +1,63 @@
+"""Starting or attaching to Ray, and placing scoring actors on it."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import ray
+from ray.actor import ActorHandle
+
+from raylm.actors import RemoteScoringActor
+from raylm.errors import RaylmError
+from raylm.model_loading import ModelSpec
+
+log = logging.getLogger(__name__)
+
+LOCAL_OBJECT_STORE_BYTES = 512 * 1024**2
+GPU_ACTOR_CPUS = 0.5
+
+
+def connect() -> None:
+    """Attach when RAY_ADDRESS is set (as under `ray job submit`), else start a small local Ray.
+
+    Resource arguments are only valid when starting a cluster, so an attaching driver passes none.
+    """
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init()
+        return
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+
+
+def start_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus: float | None = None
+                 ) -> list[ActorHandle]:
+    """Start n actors (default: one per GPU when scoring on GPUs, else one) and wait until their models load.
+
+    CPU actors split the cluster's CPUs between them (and set torch's threads to match), so two actors on a
+    two-core laptop each get one core instead of fighting over both. GPU actors reserve only a fraction of a CPU
+    so that a node with few CPUs per GPU cannot deadlock.
+    """
+    resources = ray.cluster_resources()
+    gpus_total = resources.get("GPU", 0)
+    if num_gpus is None:
+        num_gpus = 1.0 if spec.device.startswith("cuda") or (spec.device == "auto" and gpus_total) else 0.0
+    if n is None:
+        n = max(1, int(gpus_total / num_gpus)) if num_gpus else 1
+    if n < 1:
+        raise RaylmError(f"--actors must be at least 1, got {n}")
+    if num_gpus:
+        cpus, threads = GPU_ACTOR_CPUS, 1
+    else:
+        cpus = max(0.01, resources.get("CPU", 1) / n)
+        threads = max(1, int(cpus))
+    actors = [RemoteScoringActor.options(num_cpus=cpus, num_gpus=num_gpus).remote(spec, threads, batch_size)
+              for _ in range(n)]
+    try:
+        ray.get([a.ready.remote() for a in actors])
+    except ray.exceptions.RayActorError as e:
+        cause = e.cause if getattr(e, "cause", None) is not None else e
+        raise RaylmError(f"a scoring actor failed to start: {cause}") from e
+    log.info("%d scoring actor(s) ready (%s CPU, %s GPU each)", n, cpus, num_gpus)
+    return actors

@@ -1,0 +1,69 @@
+"""Shared fixtures: real data from ../shared, tiny offline models saved and reloaded via from_pretrained, one Ray."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+DATA = SHARED / "data"
+GOLDEN = SHARED / "golden" / "lmeval-0.4.13_stories260K.json"
+STORIES = DATA / "models" / "stories260K-hf"
+GPT2_TOKENIZER = DATA / "models" / "gpt2-tokenizer"
+
+os.environ["RAY_AUTH_MODE"] = "disabled"
+os.environ.pop("RAY_ADDRESS", None)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tmp_path_factory) -> Path:
+    """A seeded random GPT-2 with the real GPT-2 tokenizer and a 128-token context, so real rows get truncated
+    and WikiText pages span several rolling windows."""
+    import torch
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-gpt2")
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=50257)
+    GPT2LMHeadModel(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(GPT2_TOKENIZER).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A seeded random Llama (GQA, RoPE) on the stories260K tokenizer, 128-token context."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    config = LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         bos_token_id=1, eos_token_id=2)
+    LlamaForCausalLM(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(STORIES).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One small local Ray for the whole test session; ray.init costs seconds here."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 1024**2, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it, in its own process (and so its own local Ray)."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run([sys.executable, "-m", "raylm", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=timeout)

@@ -1,0 +1,67 @@
+"""The CLI as users run it: documented files on success; one-line errors, non-zero exit, no results on failure."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import DATA, run_cli
+
+
+def test_demo_writes_results_and_samples(tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli("eval", "--demo", "--limit", "10", "--actors", "2", "--shard-size", "8", "--output", str(out),
+                   "--log-samples", "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["results"]) == {"hellaswag", "winogrande", "wikitext"}
+    for key in ("acc,none", "acc_stderr,none", "acc_norm,none", "acc_norm_stderr,none"):
+        assert 0 <= results["results"]["hellaswag"][key] <= 1
+    for key in ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none", "token_perplexity,none"):
+        assert results["results"]["wikitext"][key] > 0
+    assert results["n-samples"]["hellaswag"] == {"original": 300, "effective": 10}
+    assert results["config"]["versions"]["ray"]
+    assert results["config"]["wall_time_s"] > 0
+    requests = pq.read_table(out / "samples" / "hellaswag.parquet")
+    assert requests.num_rows == 40
+    assert {"doc_id", "req_idx", "loglikelihood", "is_greedy", "context_tokens", "continuation_tokens"} <= set(
+        requests.column_names)
+    docs = pq.read_table(out / "samples" / "hellaswag_docs.parquet")
+    assert docs.num_rows == 10 and {"pred", "gold"} <= set(docs.column_names)
+    assert "hellaswag" in proc.stdout and "acc_norm" in proc.stdout
+
+
+def corrupt_copy(tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(DATA / "hellaswag", data / "hellaswag")
+    lines = (data / "hellaswag" / "validation.jsonl").read_text().splitlines(keepends=True)
+    row = json.loads(lines[4])
+    del row["ctx_a"]
+    lines[4] = json.dumps(row) + "\n"
+    (data / "hellaswag" / "validation.jsonl").write_text("".join(lines))
+    return data
+
+
+@pytest.mark.parametrize("case", ["unknown task", "missing data file", "missing model", "row missing field"])
+def test_bad_input_fails_with_one_line_and_no_results(tmp_path, tiny_gpt2, case):
+    args = {
+        "unknown task": ["--model", str(tiny_gpt2), "--tasks", "hellaswag,nope", "--data-dir", str(DATA)],
+        "missing data file": ["--model", str(tiny_gpt2), "--tasks", "hellaswag", "--data-dir", str(tmp_path)],
+        "missing model": ["--model", str(tmp_path / "no-such-model"), "--data-dir", str(DATA)],
+        "row missing field": ["--model", str(tiny_gpt2), "--tasks", "hellaswag", "--data-dir", str(corrupt_copy(tmp_path))],
+    }[case]
+    expected = {
+        "unknown task": "unknown task 'nope'",
+        "missing data file": "hellaswag/validation.jsonl: data file not found",
+        "missing model": "no-such-model' does not exist",
+        "row missing field": "validation.jsonl: row 5: field 'ctx_a': missing field",
+    }[case]
+    out = tmp_path / "out"
+    proc = run_cli("eval", *args, "--output", str(out), "--no-progress")
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("raylm: error:")]
+    assert len(errors) == 1 and expected in errors[0], proc.stderr[-2000:]
+    assert not (out / "results.json").exists()

@@ -1,0 +1,75 @@
+"""The whole driver path on real Ray actors: results independent of actor count and shard size."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pyarrow as pa
+import pytest
+import ray
+
+from conftest import DATA
+from raylm.evaluate import EvalConfig, evaluate
+from raylm.metrics import choice_metrics, rolling_metrics
+from raylm.model_loading import ModelSpec
+from raylm.runtime import start_actors
+from raylm.shard_sums import merge, shard_sums
+from raylm.tasks import get_task
+
+TASKS = ("hellaswag", "winogrande", "wikitext")
+
+
+@pytest.fixture(scope="module")
+def runs(ray_session, tiny_llama):
+    """The same evaluation on 1 actor with big shards and on 2 actors with small shards."""
+    spec = ModelSpec(str(tiny_llama), dtype="float32", device="cpu")
+    out = {}
+    for n_actors, shard_requests in ((1, 512), (2, 7)):
+        actors = start_actors(spec, n_actors, None)
+        pids = ray.get([a.ready.remote() for a in actors])
+        cfg = EvalConfig(spec, TASKS, DATA, limit=24, shard_requests=shard_requests, progress=False)
+        out[n_actors] = (evaluate(cfg, actors), pids)
+        for actor in actors:
+            ray.kill(actor)
+    return out
+
+
+def test_two_actors_are_two_processes_that_both_score(runs):
+    result, pids = runs[2]
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    assert result.extra["shards"] > 2
+
+
+def test_metrics_do_not_depend_on_actors_or_shard_size(runs):
+    one, two = runs[1][0], runs[2][0]
+    for name in TASKS:
+        a, b = one.tasks[name], two.tasks[name]
+        if a.kind == "multiple_choice":
+            assert a.sums == b.sums
+        else:
+            assert {k: v for k, v in a.sums.items() if k != "nll"} == {k: v for k, v in b.sums.items() if k != "nll"}
+            assert a.sums["nll"] == pytest.approx(b.sums["nll"], rel=1e-8)
+        assert a.scored["doc_id"].to_pylist() == b.scored["doc_id"].to_pylist()
+        assert a.scored["req_idx"].to_pylist() == b.scored["req_idx"].to_pylist()
+
+
+def test_merged_shard_sums_equal_metrics_from_all_requests(runs):
+    result, _ = runs[2]
+    for name, task in result.tasks.items():
+        whole = shard_sums(task.kind, task.scored)
+        assert merge(task.kind, [whole]) == pytest.approx(task.sums, rel=1e-12)
+        if task.kind == "multiple_choice":
+            assert choice_metrics(whole, get_task(name).choice_metrics) == task.metrics
+        else:
+            for key, value in rolling_metrics(whole).items():
+                assert math.isclose(value, task.metrics[key], rel_tol=1e-12)
+
+
+def test_every_request_counted_once(runs):
+    result, _ = runs[2]
+    for task in result.tasks.values():
+        keys = list(zip(task.scored["doc_id"].to_pylist(), task.scored["req_idx"].to_pylist()))
+        assert len(keys) == len(set(keys))
+        assert int(task.sums["docs"]) == len(set(task.scored["doc_id"].to_pylist())) == 24 or task.kind == "rolling"
+    assert isinstance(result.tasks["hellaswag"].scored, pa.Table)

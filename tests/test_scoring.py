@@ -1,0 +1,89 @@
+"""The batched scorer against the one-request-at-a-time float64 reference, and its independence of batching."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from transformers import AutoModelForCausalLM
+
+from conftest import DATA
+from raylm.encoding import Encoder, resolve_max_length
+from raylm.evaluate import EvalConfig, build_task_requests
+from raylm.model_loading import ModelSpec, load_tokenizer
+from raylm.scoring import Scorer
+from reference import float64_copy, reference_score
+
+
+def random_requests(vocab: int, max_length: int, n: int, seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Random lengths, including contexts long enough to be left-truncated."""
+    rnd = random.Random(seed)
+    contexts = [[rnd.randrange(vocab) for _ in range(rnd.randint(1, max_length + 20))] for _ in range(n)]
+    continuations = [[rnd.randrange(vocab) for _ in range(rnd.randint(1, 12))] for _ in range(n)]
+    return contexts, continuations
+
+
+@pytest.mark.parametrize("fixture", ["tiny_gpt2", "tiny_llama"])
+@pytest.mark.parametrize("batch_size", [None, 1, 5])
+def test_matches_float64_reference_on_random_inputs(request, fixture, batch_size):
+    model = AutoModelForCausalLM.from_pretrained(request.getfixturevalue(fixture))
+    max_length = resolve_max_length(model.config, None)
+    contexts, continuations = random_requests(model.config.vocab_size, max_length, 40, seed=len(fixture))
+    loglik, greedy = Scorer(model, max_length, batch_size, token_budget=700).score(contexts, continuations)
+    model64 = float64_copy(model)
+    for i, (c, k) in enumerate(zip(contexts, continuations)):
+        ref, ref_greedy = reference_score(model64, c, k, max_length)
+        assert loglik[i] == pytest.approx(ref, rel=1e-6, abs=1e-5)
+        assert greedy[i] == ref_greedy
+
+
+def test_greedy_flag_is_true_when_continuation_is_argmax(tiny_llama):
+    """Random tokens are almost never greedy, so build a continuation from the model's own argmax."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    context = [1, 5, 9, 22]
+    continuation = []
+    model64 = float64_copy(model)
+    for _ in range(4):
+        logits = model64(input_ids=__import__("torch").tensor([context + continuation])).logits[0, -1]
+        continuation.append(int(logits.argmax()))
+    _, greedy = Scorer(model, 128).score([context], [continuation])
+    assert greedy[0]
+
+
+def real_requests(model_dir, tasks=("hellaswag", "winogrande", "wikitext"), limit=12):
+    spec = ModelSpec(str(model_dir))
+    tokenizer = load_tokenizer(spec)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    encoder = Encoder(tokenizer, resolve_max_length(model.config, tokenizer))
+    tables, _ = build_task_requests(EvalConfig(spec, tasks, DATA, limit=limit), encoder)
+    return model, encoder, tables
+
+
+@pytest.mark.parametrize("fixture", ["tiny_gpt2", "tiny_llama"])
+def test_matches_float64_reference_on_real_rows(request, fixture):
+    model, encoder, tables = real_requests(request.getfixturevalue(fixture), limit=6)
+    model64 = float64_copy(model)
+    for _, table in tables.values():
+        contexts, continuations = table["context"].to_pylist(), table["continuation"].to_pylist()
+        loglik, greedy = Scorer(model, encoder.max_length).score(contexts, continuations)
+        for i, (c, k) in enumerate(zip(contexts, continuations)):
+            ref, ref_greedy = reference_score(model64, c, k, encoder.max_length)
+            assert loglik[i] == pytest.approx(ref, rel=1e-6, abs=1e-5)
+            assert greedy[i] == ref_greedy
+
+
+def test_batch_size_does_not_change_results(tiny_gpt2):
+    """float32 kernels round differently for different batch shapes; what must not change is any prediction,
+    and the summed NLL only within float32 noise that averages out over requests."""
+    model, encoder, tables = real_requests(tiny_gpt2, tasks=("hellaswag", "wikitext"), limit=20)
+    for _, table in tables.values():
+        contexts, continuations = table["context"].to_pylist(), table["continuation"].to_pylist()
+        runs = [Scorer(model, encoder.max_length, bs, token_budget=budget).score(contexts, continuations)
+                for bs, budget in ((1, None), (3, None), (None, 300), (None, 4096))]
+        base_ll, base_greedy = runs[0]
+        for loglik, greedy in runs[1:]:
+            np.testing.assert_allclose(loglik, base_ll, rtol=1e-6, atol=1e-4)
+            assert (greedy == base_greedy).all()
+            assert math.fsum(loglik) == pytest.approx(math.fsum(base_ll), rel=1e-8)
