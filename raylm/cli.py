@@ -41,8 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", default="auto", help="auto, cpu or cuda")
     ev.add_argument("--revision", help="model revision on the hub")
     ev.add_argument("--trust-remote-code", action="store_true", help="run code shipped with the model")
+    ev.add_argument("--allow-pickle", action="store_true",
+                    help="allow loading pickle weights (pytorch_model.bin) when a model has no safetensors")
     ev.add_argument("--data-dir", type=Path, help="local data laid out like shared/data (default: the hub)")
-    ev.add_argument("--output", type=Path, default=Path("raylm-out"), help="directory for results.json")
+    ev.add_argument("--output", type=Path, default=Path("raylm-out"),
+                    help="directory for results.json and the checkpoint a rerun resumes from")
+    ev.add_argument("--overwrite", action="store_true", help="discard results a different run left in --output")
     ev.add_argument("--log-samples", action="store_true", help="also write per-request samples as Parquet")
     ev.add_argument("--seed", type=int, default=DEFAULT_FEWSHOT_SEED, help="few-shot sampler seed")
     ev.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_REQUESTS, help="requests per shard")
@@ -57,10 +61,10 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         data_dir = data_dir or Path(str(DEMO / "data"))
     if not model:
         raise RaylmError("--model is required (or use --demo)")
-    spec = ModelSpec(model, args.dtype, args.device, args.revision, args.trust_remote_code)
+    spec = ModelSpec(model, args.dtype, args.device, args.revision, args.trust_remote_code, args.allow_pickle)
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     return EvalConfig(spec, tasks, data_dir, args.limit, args.num_fewshot, args.seed, args.batch_size, args.actors,
-                      args.shard_size, not args.no_progress)
+                      args.shard_size, not args.no_progress, args.output, args.overwrite)
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import ray
 from ray.actor import ActorHandle
 
 from raylm import __version__
 from raylm.encoding import Encoder, resolve_max_length
 from raylm.errors import RaylmError
 from raylm.metrics import choice_metrics, rolling_metrics
+from raylm.actors import ScoredShard
+from raylm.checkpoint import Checkpoint, fingerprint
 from raylm.model_loading import ModelSpec, check_model_path, load_tokenizer
 from raylm.requests import build_requests
-from raylm.runtime import connect, start_actors
-from raylm.scheduler import run_shards
+from raylm.runtime import connect, plan_actors, start_actors
+from raylm.scheduler import ScheduleReport, run_shards
 from raylm.shard_sums import merge
-from raylm.shards import DEFAULT_SHARD_REQUESTS, make_shards
+from raylm.shards import DEFAULT_SHARD_REQUESTS, Shard, make_shards
 from raylm.tasks import ChoiceDoc, get_task
 from raylm.tasks.base import with_fewshot
 
@@ -40,6 +44,8 @@ class EvalConfig:
     actors: int | None = None
     shard_requests: int = DEFAULT_SHARD_REQUESTS
     progress: bool = True
+    output: Path | None = None  # checkpoint finished shards here and resume from them
+    overwrite: bool = False  # discard results a different run left in `output`
 
     def validate(self) -> None:
         for name in self.tasks:
@@ -96,8 +102,14 @@ def build_task_requests(cfg: EvalConfig, encoder: Encoder) -> tuple[dict[str, tu
     return tables, originals
 
 
-def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None) -> EvalResult:
-    """Run every task of cfg on the given actors (or on new ones, started and released here)."""
+def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
+             on_shard: Callable[[Shard, ScoredShard], None] | None = None) -> EvalResult:
+    """Run every task of cfg on the given actors (or on new ones, started and released here).
+
+    With cfg.output, finished shards are checkpointed there and a rerun scores only the missing ones. A dead
+    actor is replaced; in a caller's `actors` list it is swapped for its replacement, so the list stays usable.
+    `on_shard` runs on the driver after each shard is scored and checkpointed (progress hooks, fault drills).
+    """
     cfg.validate()
     check_model_path(cfg.model)
     start = time.time()
@@ -110,16 +122,69 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None) -> EvalRe
         encoder = Encoder(tokenizer, resolve_max_length(model_config, tokenizer))
     except ValueError as e:
         raise RaylmError(str(e)) from e
+    log.info("empty contexts and rolling windows are conditioned on token %d (%r)", encoder.prefix_token,
+             tokenizer.decode(encoder.prefix_token))
     tables, originals = build_task_requests(cfg, encoder)
     shards = make_shards(tables, cfg.shard_requests)
-    connect()
-    pool = actors if actors is not None else start_actors(cfg.model, cfg.actors, cfg.batch_size)
-    scored = run_shards(pool, shards, progress=cfg.progress)
+    checkpoint = None
+    if cfg.output is not None:
+        manifest = fingerprint(cfg.model, cfg.tasks, tables, shards, cfg.num_fewshot, cfg.seed, cfg.limit)
+        checkpoint = Checkpoint.open(cfg.output, manifest, cfg.overwrite)
+    scored = checkpoint.load(shards) if checkpoint else {}
+    resumed = len(scored)
+    todo = [s for s in shards if s.index not in scored]
+    report = ScheduleReport([], 0, 0, [])
+    if todo:
+        report = _score(cfg, todo, actors, checkpoint, on_shard)
+        scored.update((s.index, r) for s, r in zip(todo, report.results))
     results = {}
-    for name, (kind, _) in tables.items():
-        mine = [s for shard, s in zip(shards, scored) if shard.task == name]
+    for name, (kind, requests) in tables.items():
+        mine = [scored[s.index] for s in shards if s.task == name]
+        table = pa.concat_tables(s.table for s in mine)
+        if table.num_rows != requests.num_rows:
+            raise RaylmError(f"{name}: {table.num_rows} results for {requests.num_rows} requests")
         sums = merge(kind, [s.sums for s in mine])
         metrics = rolling_metrics(sums) if kind == "rolling" else choice_metrics(sums, get_task(name).choice_metrics)
-        results[name] = TaskResult(name, kind, metrics, sums, originals[name], pa.concat_tables(s.table for s in mine))
-    return EvalResult(cfg, results, time.time() - start, {"raylm_version": __version__, "shards": len(shards),
-                                                           "max_length": encoder.max_length})
+        results[name] = TaskResult(name, kind, metrics, sums, originals[name], table)
+    wall = time.time() - start
+    extra = {"raylm_version": __version__, "shards": len(shards), "max_length": encoder.max_length,
+             "requests_scored": sum(s.table.num_rows for s in todo), "shards_retried": report.retried,
+             "shards_resumed": resumed, "actors_replaced": report.replaced}
+    log.info("%s", run_summary(extra, wall))
+    return EvalResult(cfg, results, wall, extra)
+
+
+def run_summary(extra: dict[str, object], wall_s: float) -> str:
+    """The final line: what was scored here, what had to be retried, and what came from a checkpoint."""
+    return (f"{extra['requests_scored']} requests scored in {extra['shards']} shards, "
+            f"{extra['shards_retried']} retried, {extra['shards_resumed']} resumed from checkpoint, "
+            f"wall time {wall_s:.1f} s")
+
+
+def _score(cfg: EvalConfig, shards: list[Shard], actors: list[ActorHandle] | None, checkpoint: Checkpoint | None,
+           on_shard: Callable[[Shard, ScoredShard], None] | None) -> ScheduleReport:
+    connect()
+    own = actors is None
+    pool = start_actors(cfg.model, cfg.actors, cfg.batch_size) if own else actors
+    recipe, _ = plan_actors(cfg.model, len(pool), cfg.batch_size)
+    spawned: list[ActorHandle] = []
+
+    def replace() -> ActorHandle:
+        spawned.append(recipe.start())
+        return spawned[-1]
+
+    def finished(shard: Shard, result: ScoredShard) -> None:
+        if checkpoint is not None:
+            checkpoint.save(shard, result)
+        if on_shard is not None:
+            on_shard(shard, result)
+
+    try:
+        report = run_shards(pool, shards, progress=cfg.progress, replace=replace, on_result=finished)
+    finally:
+        if own:
+            for actor in pool + spawned:
+                ray.kill(actor)
+    if not own:
+        pool[:] = report.actors
+    return report

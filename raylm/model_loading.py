@@ -11,7 +11,8 @@ import torch
 from raylm.errors import RaylmError
 
 DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.pt", "*.pth")
+SAFE_WEIGHTS = "*.safetensors"
+PICKLE_WEIGHTS = "pytorch_model*.bin"
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class ModelSpec:
     device: str = "auto"
     revision: str | None = None
     trust_remote_code: bool = False
+    allow_pickle: bool = False  # pickle weights (pytorch_model.bin) can run code when loaded: opt-in only
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -42,8 +44,13 @@ def check_model_path(spec: ModelSpec) -> None:
         raise RaylmError(f"model path '{spec.path}' does not exist or is not a directory")
     if not (path / "config.json").is_file():
         raise RaylmError(f"model directory '{spec.path}' has no config.json")
-    if not any(any(path.glob(p)) for p in WEIGHT_PATTERNS):
+    if any(path.glob(SAFE_WEIGHTS)):
+        return
+    if not any(path.glob(PICKLE_WEIGHTS)):
         raise RaylmError(f"model directory '{spec.path}' has no weights (*.safetensors or pytorch_model*.bin)")
+    if not spec.allow_pickle:
+        raise RaylmError(f"model directory '{spec.path}' has only pickle weights (pytorch_model*.bin), which can run "
+                         "code when loaded; pass --allow-pickle if you trust them, or convert them to safetensors")
 
 
 def resolve_device(device: str) -> str:
@@ -71,7 +78,8 @@ def load_model(spec: ModelSpec) -> torch.nn.Module:
         raise RaylmError(f"unknown --dtype '{spec.dtype}' (use {', '.join(DTYPES)})")
     try:
         model = AutoModelForCausalLM.from_pretrained(_source(spec), revision=spec.revision, dtype=DTYPES[spec.dtype],
-                                                     trust_remote_code=spec.trust_remote_code)
+                                                     trust_remote_code=spec.trust_remote_code,
+                                                     use_safetensors=None if spec.allow_pickle else True)
     except (OSError, ValueError) as e:
         raise RaylmError(f"could not load model '{spec.path}': {_first_line(e)}") from e
     return model.to(resolve_device(spec.device)).eval()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
 import tempfile
 from pathlib import Path
@@ -12,8 +11,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raylm.atomic import write_atomic
 from raylm.errors import RaylmError
-from raylm.evaluate import EvalResult
+from raylm.evaluate import EvalResult, run_summary
 from raylm.shard_sums import choice_predictions
 
 
@@ -53,19 +53,6 @@ def prepare_output(out_dir: Path) -> None:
         raise RaylmError(f"output directory '{out_dir}' is not writable: {e.strerror}") from e
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Readers see the old file or the whole new one, never a partial write."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def write_samples(out_dir: Path, result: EvalResult) -> None:
     """samples/<task>.parquet per request; samples/<task>_docs.parquet per document for multiple choice."""
     for name, task in result.tasks.items():
@@ -95,5 +82,5 @@ def format_table(result: EvalResult) -> str:
             stderr = task.metrics.get(f"{metric}_stderr,none")
             stderr_text = f"{stderr:10.4f}" if stderr is not None else f"{'':>10}"
             lines.append(f"{name:<12} {metric:<18} {value:14.4f} {stderr_text}  {int(task.sums['docs'])}")
-    lines.append(f"wall time {result.wall_s:.1f} s, {result.extra.get('shards')} shards")
+    lines.append(run_summary(result.extra, result.wall_s))
     return "\n".join(lines)

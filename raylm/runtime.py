@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
 import ray
 from ray.actor import ActorHandle
@@ -31,9 +32,25 @@ def connect() -> None:
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES)
 
 
-def start_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus: float | None = None
-                 ) -> list[ActorHandle]:
-    """Start n actors (default: one per GPU when scoring on GPUs, else one) and wait until their models load.
+@dataclass(frozen=True)
+class ActorRecipe:
+    """How one scoring actor is started, kept so the scheduler can start an identical one when an actor dies."""
+
+    spec: ModelSpec
+    batch_size: int | None
+    num_cpus: float
+    num_gpus: float
+    threads: int
+
+    def start(self) -> ActorHandle:
+        """Ask Ray for a new actor; it is ready (model loaded) when its `ready()` returns."""
+        return RemoteScoringActor.options(num_cpus=self.num_cpus, num_gpus=self.num_gpus).remote(
+            self.spec, self.threads, self.batch_size)
+
+
+def plan_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus: float | None = None
+                ) -> tuple[ActorRecipe, int]:
+    """The per-actor recipe and actor count (default: one per GPU when scoring on GPUs, else one).
 
     CPU actors split the cluster's CPUs between them (and set torch's threads to match), so two actors on a
     two-core laptop each get one core instead of fighting over both. GPU actors reserve only a fraction of a CPU
@@ -52,12 +69,18 @@ def start_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpu
     else:
         cpus = max(0.01, resources.get("CPU", 1) / n)
         threads = max(1, int(cpus))
-    actors = [RemoteScoringActor.options(num_cpus=cpus, num_gpus=num_gpus).remote(spec, threads, batch_size)
-              for _ in range(n)]
+    return ActorRecipe(spec, batch_size, cpus, num_gpus, threads), n
+
+
+def start_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus: float | None = None
+                 ) -> list[ActorHandle]:
+    """Start n actors as `plan_actors` sizes them and wait until their models load."""
+    recipe, n = plan_actors(spec, n, batch_size, num_gpus)
+    actors = [recipe.start() for _ in range(n)]
     try:
         ray.get([a.ready.remote() for a in actors])
     except ray.exceptions.RayActorError as e:
         cause = e.cause if getattr(e, "cause", None) is not None else e
         raise RaylmError(f"a scoring actor failed to start: {cause}") from e
-    log.info("%d scoring actor(s) ready (%s CPU, %s GPU each)", n, cpus, num_gpus)
+    log.info("%d scoring actor(s) ready (%s CPU, %s GPU each)", n, recipe.num_cpus, recipe.num_gpus)
     return actors

@@ -1,11 +1,21 @@
 """Hands shards to long-lived actors over `ray.wait`, so each result is attributed to its shard and actor.
 
 Each actor gets up to two shards in flight, so it never idles while the driver collects the previous result.
+
+Failures are survived here and nowhere else. A shard whose actor died (killed, out of memory, node gone) goes
+back to the queue and a replacement actor is started; a shard whose scoring code raised is tried again too. A
+shard's result is kept only from the one try that returned it, so every request is counted exactly once, and a
+shard that fails `MAX_TRIES` times stops the run with one line naming it and the cause.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import time
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import ray
 from ray.actor import ActorHandle
@@ -15,33 +25,167 @@ from raylm.actors import ScoredShard
 from raylm.errors import RaylmError
 from raylm.shards import Shard
 
+log = logging.getLogger(__name__)
+
 IN_FLIGHT_PER_ACTOR = 2
+MAX_TRIES = 3
+REPLACEMENT_WAIT_S = 600.0
+# Seconds the driver pauses after each finished shard: lets fault drills and tests kill a process mid-run.
+SHARD_DELAY_ENV = "RAYLM_SHARD_DELAY_S"
+
+# The actor or its node is gone; the scoring code itself did not fail.
+ACTOR_LOST = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.NodeDiedError,
+              ray.exceptions.WorkerCrashedError, ray.exceptions.OutOfMemoryError)
 
 
-def run_shards(actors: list[ActorHandle], shards: list[Shard], progress: bool = True) -> list[ScoredShard]:
-    """Score every shard once; results come back in shard order whatever order they finished in."""
-    refs = [ray.put(s.table) for s in shards]
-    queue = deque(range(len(shards)))
-    slots = [a for a in actors for _ in range(IN_FLIGHT_PER_ACTOR)]
-    in_flight: dict[ray.ObjectRef, tuple[int, ActorHandle]] = {}
-    results: list[ScoredShard | None] = [None] * len(shards)
-    with tqdm(total=sum(s.table.num_rows for s in shards), unit="req", disable=not progress,
-              desc="scoring") as bar:
-        while queue or in_flight:
-            while queue and slots:
-                actor, i = slots.pop(), queue.popleft()
-                in_flight[actor.score.remote(shards[i].kind, refs[i])] = (i, actor)
-            done, _ = ray.wait(list(in_flight), num_returns=1)
-            for ref in done:
-                i, actor = in_flight.pop(ref)
-                results[i] = _get(ref, shards[i])
-                slots.append(actor)
-                bar.update(shards[i].table.num_rows)
-    return [r for r in results if r is not None]
+@dataclass
+class ScheduleReport:
+    results: list[ScoredShard]  # in the order of the shards given
+    retried: int  # shards that needed more than one try
+    replaced: int  # actors started in place of dead ones
+    actors: list[ActorHandle]  # the live actors at the end, replacements included
 
 
-def _get(ref: ray.ObjectRef, shard: Shard) -> ScoredShard:
+def run_shards(actors: list[ActorHandle], shards: list[Shard], progress: bool = True,
+               replace: Callable[[], ActorHandle] | None = None,
+               on_result: Callable[[Shard, ScoredShard], None] | None = None,
+               max_tries: int = MAX_TRIES) -> ScheduleReport:
+    """Score every shard exactly once, surviving dead actors and transient failures.
+
+    `replace` starts a new actor when one dies (without it, the survivors carry on alone); `on_result` runs on
+    the driver as each shard finishes (checkpointing, progress hooks).
+    """
+    return _Schedule(actors, shards, replace, on_result, max_tries).run(progress)
+
+
+def shard_delay() -> float:
+    text = os.environ.get(SHARD_DELAY_ENV, "").strip()
     try:
-        return ray.get(ref)
-    except ray.exceptions.RayTaskError as e:
-        raise RaylmError(f"shard {shard.index} ({shard.task}) failed: {e.cause!r}") from e
+        delay = float(text) if text else 0.0
+    except ValueError:
+        raise RaylmError(f"{SHARD_DELAY_ENV} must be a number of seconds, got {text!r}") from None
+    if delay < 0:
+        raise RaylmError(f"{SHARD_DELAY_ENV} must be 0 or more, got {text!r}")
+    return delay
+
+
+class _Schedule:
+    def __init__(self, actors: list[ActorHandle], shards: list[Shard], replace: Callable[[], ActorHandle] | None,
+                 on_result: Callable[[Shard, ScoredShard], None] | None, max_tries: int):
+        self.shards, self.replace, self.on_result, self.max_tries = shards, replace, on_result, max_tries
+        self.refs = [ray.put(s.table) for s in shards]
+        self.queue = deque(range(len(shards)))
+        self.tries = [0] * len(shards)
+        self.results: list[ScoredShard | None] = [None] * len(shards)
+        self.live = list(actors)
+        self.slots = [a for a in actors for _ in range(IN_FLIGHT_PER_ACTOR)]
+        self.in_flight: dict[ray.ObjectRef, tuple[int, ActorHandle]] = {}
+        self.starting: dict[ray.ObjectRef, ActorHandle] = {}
+        self.dead: set[ActorHandle] = set()
+        self.start_failures = 0
+        self.replaced = 0
+        self.last_cause = "none"
+        self.delay = shard_delay()
+
+    def run(self, progress: bool) -> ScheduleReport:
+        try:
+            with tqdm(total=sum(s.table.num_rows for s in self.shards), unit="req", disable=not progress,
+                      desc="scoring") as bar:
+                while self.queue or self.in_flight:
+                    self._dispatch()
+                    self._wait(bar)
+        finally:
+            for actor in self.starting.values():
+                ray.kill(actor, no_restart=True)
+        done = [r for r in self.results if r is not None]
+        return ScheduleReport(done, sum(t > 0 for t, r in zip(self.tries, self.results) if r is not None),
+                              self.replaced, self.live)
+
+    def _dispatch(self) -> None:
+        while self.queue and self.slots:
+            actor, i = self.slots.pop(), self.queue.popleft()
+            self.in_flight[actor.score.remote(self.shards[i].kind, self.refs[i])] = (i, actor)
+
+    def _wait(self, bar: tqdm) -> None:
+        if not self.in_flight and not self.starting:
+            raise RaylmError(f"no scoring actor left for the {len(self.queue)} remaining shard(s); "
+                             f"last failure: {self.last_cause}")
+        # Only a replacement that never starts (no room left on the cluster) could block for ever.
+        timeout = None if self.in_flight else REPLACEMENT_WAIT_S
+        done, _ = ray.wait([*self.in_flight, *self.starting], num_returns=1, timeout=timeout)
+        if not done:
+            raise RaylmError(f"no live scoring actor and no replacement could start within {REPLACEMENT_WAIT_S:.0f} s "
+                             f"(does the cluster still have room for one?); last failure: {self.last_cause}")
+        for ref in done:
+            if ref in self.starting:
+                self._started(ref)
+            else:
+                self._finished(ref, bar)
+
+    def _finished(self, ref: ray.ObjectRef, bar: tqdm) -> None:
+        i, actor = self.in_flight.pop(ref)
+        try:
+            scored = ray.get(ref)
+        except ray.exceptions.RayTaskError as e:
+            self.slots.append(actor)
+            self._retry(i, _one_line(e.cause if e.cause is not None else e))
+            return
+        except ACTOR_LOST as e:
+            self._lose(actor, e)
+            self._retry(i, f"scoring actor lost ({_one_line(e)})")
+            return
+        self.results[i] = scored
+        self.slots.append(actor)
+        bar.update(self.shards[i].table.num_rows)
+        if self.on_result is not None:
+            self.on_result(self.shards[i], scored)
+        if self.delay:
+            time.sleep(self.delay)
+
+    def _retry(self, i: int, cause: str) -> None:
+        shard = self.shards[i]
+        self.tries[i] += 1
+        self.last_cause = cause
+        if self.tries[i] >= self.max_tries:
+            raise RaylmError(f"shard {shard.index} ({shard.task}) failed {self.tries[i]} times; last cause: {cause}")
+        log.warning("shard %d (%s) failed (%s); trying again (%d of %d)", shard.index, shard.task, cause,
+                    self.tries[i] + 1, self.max_tries)
+        self.queue.appendleft(i)
+
+    def _lose(self, actor: ActorHandle, error: Exception) -> None:
+        """Drop a dead actor once (its other in-flight shards fail too) and start one in its place."""
+        if actor in self.dead:
+            return
+        self.dead.add(actor)
+        self.live.remove(actor)
+        self.slots = [a for a in self.slots if a != actor]
+        ray.kill(actor, no_restart=True)
+        log.warning("a scoring actor was lost (%s); %s", type(error).__name__,
+                    "starting a replacement" if self.replace else "carrying on with the others")
+        if self.replace is not None:
+            self._start_replacement()
+
+    def _start_replacement(self) -> None:
+        new = self.replace()
+        self.starting[new.ready.remote()] = new
+        self.replaced += 1
+
+    def _started(self, ref: ray.ObjectRef) -> None:
+        actor = self.starting.pop(ref)
+        try:
+            ray.get(ref)
+        except ACTOR_LOST as e:
+            self.start_failures += 1
+            self.last_cause = f"replacement actor failed to start ({_one_line(e)})"
+            if self.start_failures >= self.max_tries:
+                raise RaylmError(f"could not start a replacement scoring actor: {_one_line(e)}") from e
+            self._start_replacement()
+            return
+        self.live.append(actor)
+        self.slots.extend([actor] * IN_FLIGHT_PER_ACTOR)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__

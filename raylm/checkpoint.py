@@ -1,0 +1,161 @@
+"""Per-shard results on disk under `--output`, so a driver that dies mid-run loses only the shards in flight.
+
+Shards are cut on the driver from the request tables alone, so a shard's index names the same requests whatever
+the actor count; a rerun of the same command reloads finished shards and scores only the rest. A manifest
+fingerprints everything that decides a shard's requests or their scores (model, tasks, the request tables
+themselves, few-shot settings, limit, seed, shard size, code), and results of a different run are never mixed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import raylm
+from raylm.actors import ScoredShard
+from raylm.errors import RaylmError
+from raylm.model_loading import ModelSpec, looks_local
+from raylm.shard_sums import shard_sums
+from raylm.shards import Shard
+from raylm.atomic import write_atomic
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoint"
+MANIFEST = "manifest.json"
+# What --overwrite removes: only files raylm itself writes.
+OWNED = (CHECKPOINT_DIR, "results.json", "samples")
+_PID_KEY = b"raylm.pid"
+
+
+def table_digest(table: pa.Table) -> str:
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return hashlib.sha256(sink.getvalue()).hexdigest()
+
+
+def source_digest() -> str:
+    """The code version: raylm's own source, since any change to it may change scores."""
+    root = Path(raylm.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def model_digest(spec: ModelSpec) -> str:
+    """config.json plus each file's name, size and mtime: cheap even for many-GB weights, and a changed file shows."""
+    if not looks_local(spec.path):
+        return f"hub:{spec.path}@{spec.revision or 'default'}"
+    root = Path(spec.path).expanduser()
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.iterdir() if p.is_file()):
+        stat = path.stat()
+        digest.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    digest.update((root / "config.json").read_bytes())
+    return digest.hexdigest()
+
+
+def fingerprint(spec: ModelSpec, tasks: tuple[str, ...], tables: dict[str, tuple[str, pa.Table]],
+                shards: list[Shard], num_fewshot: int, seed: int, limit: int | None) -> dict[str, Any]:
+    """Everything a shard's results depend on, except the actor count and batch size, which must not matter."""
+    return {
+        "model": {**spec.as_dict(), "files": model_digest(spec)},
+        "tasks": list(tasks),
+        "data": {name: table_digest(table) for name, (_, table) in tables.items()},
+        "num_fewshot": num_fewshot,
+        "seed": seed,
+        "limit": limit,
+        "shards": [[s.task, s.table.num_rows] for s in shards],
+        "code": {"raylm": raylm.__version__, "source": source_digest()},
+    }
+
+
+class Checkpoint:
+    """One run's finished shards: `DIR/checkpoint/manifest.json` and `DIR/checkpoint/shards/<index>.parquet`."""
+
+    def __init__(self, out_dir: Path, manifest: dict[str, Any]):
+        self.out_dir = out_dir
+        self.root = out_dir / CHECKPOINT_DIR
+        self.manifest = manifest
+
+    @classmethod
+    def open(cls, out_dir: Path, manifest: dict[str, Any], overwrite: bool) -> Checkpoint:
+        """Resume the same run, refuse a different one, or (with overwrite) discard whatever DIR held."""
+        checkpoint = cls(out_dir, manifest)
+        if overwrite:
+            checkpoint.discard()
+        else:
+            checkpoint.check_same_run()
+        try:
+            write_atomic(checkpoint.root / MANIFEST, json.dumps(manifest, indent=1).encode())
+        except OSError as e:
+            raise RaylmError(f"cannot write a checkpoint under '{out_dir}': {e.strerror or e}") from e
+        return checkpoint
+
+    def check_same_run(self) -> None:
+        path = self.root / MANIFEST
+        if path.is_file():
+            try:
+                previous = json.loads(path.read_text())
+            except (OSError, ValueError) as e:
+                raise RaylmError(f"'{path}' is unreadable ({e}); pass --overwrite to discard it") from e
+            differs = [key for key in self.manifest if previous.get(key) != self.manifest[key]]
+        elif (self.out_dir / "results.json").exists():
+            differs = ["results.json without a checkpoint"]
+        else:
+            return
+        if differs:
+            raise RaylmError(f"output directory '{self.out_dir}' holds results of a different run "
+                             f"(differs in: {', '.join(differs)}); use another --output, or --overwrite to discard them")
+
+    def discard(self) -> None:
+        for name in OWNED:
+            path = self.out_dir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+
+    def shard_path(self, index: int) -> Path:
+        return self.root / "shards" / f"{index:06d}.parquet"
+
+    def save(self, shard: Shard, scored: ScoredShard) -> None:
+        table = scored.table.replace_schema_metadata({_PID_KEY: str(scored.pid).encode()})
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        write_atomic(self.shard_path(shard.index), sink.getvalue().to_pybytes())
+
+    def load(self, shards: list[Shard]) -> dict[int, ScoredShard]:
+        """Finished shards by index; a file that does not hold exactly its shard's requests is scored again."""
+        done: dict[int, ScoredShard] = {}
+        for shard in shards:
+            path = self.shard_path(shard.index)
+            if not path.is_file():
+                continue
+            try:
+                table = pq.read_table(path)
+            except (OSError, pa.ArrowException) as e:
+                log.warning("checkpoint %s is unreadable (%s); scoring shard %d again", path, e, shard.index)
+                continue
+            if not _same_requests(table, shard.table):
+                log.warning("checkpoint %s does not match shard %d; scoring it again", path, shard.index)
+                continue
+            pid = int((table.schema.metadata or {}).get(_PID_KEY, b"0"))
+            done[shard.index] = ScoredShard(table.replace_schema_metadata(None), shard_sums(shard.kind, table), pid)
+        return done
+
+
+def _same_requests(scored: pa.Table, requests: pa.Table) -> bool:
+    keys = ("doc_id", "req_idx")
+    return set(keys) <= set(scored.column_names) and all(
+        scored[k].to_pylist() == requests[k].to_pylist() for k in keys)
