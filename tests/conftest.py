@@ -67,3 +67,18 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300) -> subproce
     env.pop("RAY_ADDRESS", None)
     return subprocess.run([sys.executable, "-m", "raylm", *args], capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def pickle_only_model(tiny_llama, tmp_path_factory) -> Path:
+    """tiny_llama with its weights as pytorch_model.bin (pickle) instead of safetensors."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    path = tmp_path_factory.mktemp("pickle-only") / "model"
+    shutil.copytree(tiny_llama, path)
+    torch.save(load_file(path / "model.safetensors"), path / "pytorch_model.bin")
+    (path / "model.safetensors").unlink()
+    return path

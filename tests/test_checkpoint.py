@@ -1,0 +1,59 @@
+"""Checkpoint files on their own: resume the same run, refuse a different one, never trust a mismatched shard."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from raylm.actors import ScoredShard
+from raylm.checkpoint import CHECKPOINT_DIR, MANIFEST, Checkpoint
+from raylm.errors import RaylmError
+from raylm.shard_sums import shard_sums
+from raylm.shards import Shard
+
+REQUESTS = pa.table({"doc_id": [0, 0, 1, 1], "req_idx": [0, 1, 0, 1], "gold": [1, 1, 0, 0], "norm_len": [3, 4, 5, 6]})
+SHARDS = [Shard("hellaswag", "multiple_choice", 0, REQUESTS.slice(0, 2)),
+          Shard("hellaswag", "multiple_choice", 1, REQUESTS.slice(2, 2))]
+MANIFEST_A = {"limit": 2, "data": {"hellaswag": "abc"}}
+
+
+def scored(shard: Shard) -> ScoredShard:
+    table = shard.table.append_column("loglikelihood", pa.array([-1.5, -0.25][: shard.table.num_rows]))
+    return ScoredShard(table, shard_sums(shard.kind, table), 1234)
+
+
+def test_saved_shards_come_back_identical(tmp_path):
+    checkpoint = Checkpoint.open(tmp_path, MANIFEST_A, overwrite=False)
+    checkpoint.save(SHARDS[1], scored(SHARDS[1]))
+    again = Checkpoint.open(tmp_path, MANIFEST_A, overwrite=False).load(SHARDS)
+    assert list(again) == [1]
+    assert again[1].table.equals(scored(SHARDS[1]).table)
+    assert again[1].sums == scored(SHARDS[1]).sums and again[1].pid == 1234
+    assert not list((tmp_path / CHECKPOINT_DIR / "shards").glob(".*"))  # no temp files left behind
+
+
+def test_shard_file_with_other_requests_is_scored_again(tmp_path):
+    checkpoint = Checkpoint.open(tmp_path, MANIFEST_A, overwrite=False)
+    checkpoint.save(SHARDS[0], scored(SHARDS[1]))
+    (tmp_path / CHECKPOINT_DIR / "shards" / "000001.parquet").write_bytes(b"truncated")
+    assert checkpoint.load(SHARDS) == {}
+
+
+@pytest.mark.parametrize("leftover", ["manifest", "results only"])
+def test_different_run_is_refused_and_overwrite_discards_only_raylm_files(tmp_path, leftover):
+    if leftover == "manifest":
+        Checkpoint.open(tmp_path, MANIFEST_A, overwrite=False).save(SHARDS[0], scored(SHARDS[0]))
+        expected = "differs in: limit"
+    else:
+        (tmp_path / "results.json").write_text("{}")
+        expected = "differs in: results.json without a checkpoint"
+    (tmp_path / "notes.txt").write_text("mine")
+    other = {**MANIFEST_A, "limit": 3}
+    with pytest.raises(RaylmError, match=f"holds results of a different run \\({expected}\\)"):
+        Checkpoint.open(tmp_path, other, overwrite=False)
+    checkpoint = Checkpoint.open(tmp_path, other, overwrite=True)
+    assert checkpoint.load(SHARDS) == {} and not (tmp_path / "results.json").exists()
+    assert json.loads((tmp_path / CHECKPOINT_DIR / MANIFEST).read_text()) == other
+    assert (tmp_path / "notes.txt").read_text() == "mine"
