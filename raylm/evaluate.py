@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -30,6 +31,10 @@ from raylm.tasks.base import with_fewshot
 log = logging.getLogger(__name__)
 
 DEFAULT_FEWSHOT_SEED = 1234  # lm-eval's default fewshot_random_seed
+
+# One tokenizer per model for the driver's lifetime: a sweep or soak evaluating the same model again and again
+# would otherwise grow the driver by megabytes per run (each new fast tokenizer keeps native memory once used).
+driver_tokenizer = functools.lru_cache(maxsize=4)(load_tokenizer)
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,7 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
     cfg.validate()
     check_model_path(cfg.model)
     start = time.time()
-    tokenizer = load_tokenizer(cfg.model)
+    tokenizer = driver_tokenizer(cfg.model)
     from transformers import AutoConfig
 
     model_config = AutoConfig.from_pretrained(cfg.model.path, revision=cfg.model.revision,
