@@ -115,8 +115,8 @@ class Checkpoint:
         else:
             return
         if differs:
-            raise RaylmError(f"output directory '{self.out_dir}' holds results of a different run "
-                             f"(differs in: {', '.join(differs)}); use another --output, or --overwrite to discard them")
+            raise RaylmError(f"output directory '{self.out_dir}' holds results of a different run (differs in: "
+                             f"{', '.join(differs)}); use another --output, or --overwrite to discard them")
 
     def discard(self) -> None:
         for name in OWNED:
@@ -133,7 +133,10 @@ class Checkpoint:
         table = scored.table.replace_schema_metadata({_PID_KEY: str(scored.pid).encode()})
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
-        write_atomic(self.shard_path(shard.index), sink.getvalue().to_pybytes())
+        try:
+            write_atomic(self.shard_path(shard.index), sink.getvalue().to_pybytes())
+        except OSError as e:
+            raise RaylmError(f"cannot write checkpoint {self.shard_path(shard.index)}: {e.strerror or e}") from e
 
     def load(self, shards: list[Shard]) -> dict[int, ScoredShard]:
         """Finished shards by index; a file that does not hold exactly its shard's requests is scored again."""

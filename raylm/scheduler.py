@@ -137,6 +137,8 @@ class _Schedule:
         self.results[i] = scored
         self.slots.append(actor)
         bar.update(self.shards[i].table.num_rows)
+        if any(self.tries):
+            bar.set_postfix(retries=sum(self.tries), refresh=False)
         if self.on_result is not None:
             self.on_result(self.shards[i], scored)
         if self.delay:

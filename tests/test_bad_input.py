@@ -15,6 +15,7 @@ from raylm.cli import main
 HS = {"activity_label": "A", "ctx_a": "b", "ctx_b": "c", "endings": ["x", "y"], "label": 1}
 WG = {"sentence": "a _ b", "option1": "x", "option2": "y", "answer": "1"}
 HS_FILE, WG_FILE, WT_FILE = "hellaswag/validation.jsonl", "winogrande/dev.jsonl", "wikitext-2/test.txt"
+OTHER_RUN_MANIFEST = f"out/{CHECKPOINT_DIR}/{MANIFEST}"
 
 
 def write(path, content):
@@ -82,8 +83,8 @@ CASES = {
                              "/out' exists and is not a directory"),
     "unwritable output dir": ("hellaswag", {HS_FILE: [HS], "blocker": b"a file"}, ["--output", "{tmp}/blocker/out"],
                               "/blocker/out' is not writable: Not a directory"),
-    "output dir from a different run": ("hellaswag", {HS_FILE: [HS], f"out/{CHECKPOINT_DIR}/{MANIFEST}": [{"limit": 9}]},
-                                        [], "holds results of a different run (differs in:"),
+    "output dir from a different run": ("hellaswag", {HS_FILE: [HS], OTHER_RUN_MANIFEST: [{"limit": 9}]}, [],
+                                        "holds results of a different run (differs in:"),
 }
 
 

@@ -57,3 +57,10 @@ def test_different_run_is_refused_and_overwrite_discards_only_raylm_files(tmp_pa
     assert checkpoint.load(SHARDS) == {} and not (tmp_path / "results.json").exists()
     assert json.loads((tmp_path / CHECKPOINT_DIR / MANIFEST).read_text()) == other
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_unwritable_checkpoint_is_a_one_line_error(tmp_path):
+    checkpoint = Checkpoint.open(tmp_path, MANIFEST_A, overwrite=False)
+    (tmp_path / CHECKPOINT_DIR / "shards").write_text("a file where the shards directory belongs")
+    with pytest.raises(RaylmError, match="cannot write checkpoint .*000000.parquet: "):
+        checkpoint.save(SHARDS[0], scored(SHARDS[0]))

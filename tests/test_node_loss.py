@@ -22,4 +22,4 @@ def test_removed_worker_node_changes_nothing(tiny_llama):
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     assert facts["actor_nodes"] == 2 and facts["removed"] == 1
     assert facts["retried"] >= 1 and facts["replaced"] >= 1
-    assert facts["identical"] and facts["counted_once"] and facts["survivors_on"]
+    assert facts["identical"] and facts["counted_once"] and facts["survivors_on_remaining_nodes"]
