@@ -1,0 +1,64 @@
+"""A corpus of any size as a streaming Ray Dataset with one `text` column (and the file each row came from).
+
+Parquet and JSONL rows are one document each, read from `--text-column`. A plain-text file is one document per
+non-empty line: Ray's text reader splits a file into lines, and lines are the largest unit that can stream
+without holding a whole file's worth of grouping state (each text file is still read whole, so a single
+multi-GB .txt file needs that much memory; split it into shards). Paths are local or any pyarrow filesystem
+URI (s3://, gs://, ...), with globs.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import ray.data
+
+from raylm.errors import InputError
+
+FORMATS = ("auto", "parquet", "jsonl", "txt")
+_SUFFIXES = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".txt": "txt"}
+
+
+def detect_format(data: str) -> str:
+    """The format named by the path's extension (glob or file); a directory needs --format."""
+    name = data.rstrip("/").rsplit("/", 1)[-1].lower()
+    for suffix, fmt in _SUFFIXES.items():
+        if name.endswith(suffix) or name.endswith(suffix + ".gz"):
+            return fmt
+    raise InputError(data, "cannot tell the format from the file name; pass --format parquet, jsonl or txt")
+
+
+def read_corpus(data: str, fmt: str = "auto", text_column: str = "text", limit_docs: int | None = None
+                ) -> ray.data.Dataset:
+    """Lazily read the corpus; the schema is checked now so a wrong column fails before any model loads."""
+    fmt = detect_format(data) if fmt == "auto" else fmt
+    try:
+        if fmt == "parquet":
+            ds = ray.data.read_parquet(data, include_paths=True)
+        elif fmt == "jsonl":
+            ds = ray.data.read_json(data, include_paths=True, lines=True)
+        elif fmt == "txt":
+            ds, text_column = ray.data.read_text(data, include_paths=True, drop_empty_lines=True), "text"
+        else:
+            raise InputError(data, f"unknown format '{fmt}' (use {', '.join(FORMATS)})")
+        schema = ds.schema()
+    except (FileNotFoundError, OSError, ValueError) as e:
+        raise InputError(data, f"cannot read the corpus: {_first_line(e)}") from e
+    if schema is None:
+        raise InputError(data, "the corpus has no rows")
+    if text_column not in schema.names:
+        raise InputError(data, f"no such column (columns: {', '.join(schema.names)})", field=text_column)
+    column_type = schema.base_schema.field(text_column).type
+    if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)):
+        raise InputError(data, f"expected a text column, got {column_type}", field=text_column)
+    ds = ds.select_columns([text_column, "path"])
+    if text_column != "text":
+        ds = ds.rename_columns({text_column: "text"})
+    # Output order = input order, so the driver can number documents as they arrive and --limit-docs takes
+    # the first N.
+    ds.context.execution_options.preserve_order = True
+    return ds.limit(limit_docs) if limit_docs is not None else ds
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
