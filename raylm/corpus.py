@@ -9,7 +9,11 @@ URI (s3://, gs://, ...), with globs.
 
 from __future__ import annotations
 
-import pyarrow as pa
+import fnmatch
+import glob
+import os
+
+import pyarrow.fs
 import ray.data
 
 from raylm.errors import InputError
@@ -27,17 +31,39 @@ def detect_format(data: str) -> str:
     raise InputError(data, "cannot tell the format from the file name; pass --format parquet, jsonl or txt")
 
 
+def expand_paths(data: str) -> list[str]:
+    """A glob -> the sorted files it matches (Ray's readers take files and directories, not patterns)."""
+    if not any(c in data for c in "*?["):
+        return [data]
+    if "://" not in data:
+        paths = sorted(glob.glob(os.path.expanduser(data), recursive=True))
+    else:
+        scheme, rest = data.split("://", 1)
+        base = rest[:min(rest.find(c) for c in "*?[" if c in rest)].rsplit("/", 1)[0]
+        try:
+            fs, root = pyarrow.fs.FileSystem.from_uri(f"{scheme}://{base}")
+            infos = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))
+        except (OSError, ValueError) as e:
+            raise InputError(data, f"cannot list files: {_first_line(e)}") from e
+        paths = sorted(f"{scheme}://{i.path}" for i in infos
+                       if i.type == pyarrow.fs.FileType.File and fnmatch.fnmatch(i.path, rest))
+    if not paths:
+        raise InputError(data, "no files match")
+    return paths
+
+
 def read_corpus(data: str, fmt: str = "auto", text_column: str = "text", limit_docs: int | None = None
                 ) -> ray.data.Dataset:
-    """Lazily read the corpus; the schema is checked now so a wrong column fails before any model loads."""
+    """Lazily read the corpus; the column names are checked now so a wrong one fails before any model loads."""
     fmt = detect_format(data) if fmt == "auto" else fmt
+    paths = expand_paths(data)
     try:
         if fmt == "parquet":
-            ds = ray.data.read_parquet(data, include_paths=True)
+            ds = ray.data.read_parquet(paths, include_paths=True)
         elif fmt == "jsonl":
-            ds = ray.data.read_json(data, include_paths=True, lines=True)
+            ds = ray.data.read_json(paths, include_paths=True, lines=True)
         elif fmt == "txt":
-            ds, text_column = ray.data.read_text(data, include_paths=True, drop_empty_lines=True), "text"
+            ds, text_column = ray.data.read_text(paths, include_paths=True, drop_empty_lines=True), "text"
         else:
             raise InputError(data, f"unknown format '{fmt}' (use {', '.join(FORMATS)})")
         schema = ds.schema()
@@ -47,9 +73,6 @@ def read_corpus(data: str, fmt: str = "auto", text_column: str = "text", limit_d
         raise InputError(data, "the corpus has no rows")
     if text_column not in schema.names:
         raise InputError(data, f"no such column (columns: {', '.join(schema.names)})", field=text_column)
-    column_type = schema.base_schema.field(text_column).type
-    if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)):
-        raise InputError(data, f"expected a text column, got {column_type}", field=text_column)
     ds = ds.select_columns([text_column, "path"])
     if text_column != "text":
         ds = ds.rename_columns({text_column: "text"})

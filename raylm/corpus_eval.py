@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import platform
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from raylm.runtime import GPU_ACTOR_CPUS, connect
 log = logging.getLogger(__name__)
 
 DEFAULT_DOCS_PER_BATCH = 32
+_WORKER_ERROR = re.compile(r"^raylm\.errors\.\w+: (.+)$", re.MULTILINE)
 PROBE_TEXT = "Probe: the tokenizers of both models must encode this the same way, 0123 äöü 東京 🙂\n  end."
 
 
@@ -139,7 +141,7 @@ def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
     else:
         fn, args = DocKL, (cfg.model, cfg.model_b, max_length, stride, threads)
     scored = ds.map_batches(fn, fn_constructor_args=args, batch_size=cfg.docs_per_batch, batch_format="pyarrow",
-                            concurrency=n, **resources)
+                            compute=ray.data.ActorPoolStrategy(size=n), **resources)
     samples = out_dir / "samples" / f"{cfg.kind}.parquet"
     sums = _stream(scored, samples, cfg.progress)
     if not sums:
@@ -171,7 +173,10 @@ def _stream(scored: ray.data.Dataset, samples: Path, progress: bool) -> dict[str
         if writer:
             writer.close()
         partial.unlink(missing_ok=True)
-        raise _user_error(e) from e
+        error = _user_error(e)
+        if error is e:
+            raise
+        raise error from e
     if writer:
         writer.close()
         os.replace(partial, samples)
@@ -179,13 +184,15 @@ def _stream(scored: ray.data.Dataset, samples: Path, progress: bool) -> dict[str
 
 
 def _user_error(e: Exception) -> Exception:
-    """The RaylmError a Ray Data worker raised, unwrapped from Ray's exception chain, else e itself."""
-    seen = e
-    while seen is not None:
-        if isinstance(seen, RaylmError):
-            return RaylmError(str(seen))
-        seen = getattr(seen, "cause", None) or seen.__cause__
-    return e
+    """A worker's RaylmError as a plain one-line RaylmError, else e itself.
+
+    Ray Data re-raises a failed batch as its own UserCodeException, keeping the worker's exception only as
+    text, so the raylm error is found by its traceback line.
+    """
+    if isinstance(e, RaylmError):
+        return e
+    match = _WORKER_ERROR.search(str(e))
+    return RaylmError(match.group(1)) if match else e
 
 
 def results_dict(result: CorpusResult) -> dict[str, Any]:

@@ -54,8 +54,8 @@ class WindowedDocs:
 def window_documents(batch: pa.Table, encoder: Encoder, stride: int) -> WindowedDocs:
     texts = batch["text"].to_pylist()
     for path, text in zip(batch["path"].to_pylist(), texts):
-        if text is None:
-            raise InputError(path, "a document's text is null", field="text")
+        if not isinstance(text, str):
+            raise InputError(path, f"expected a document's text, got {type(text).__name__}", field="text")
     contexts, continuations, owner, tokens = [], [], [], []
     for doc, ids in enumerate(encoder.encode_many(texts)):
         tokens.append(len(ids))
