@@ -61,7 +61,7 @@ def read_corpus(data: str, fmt: str = "auto", text_column: str = "text", limit_d
         if fmt == "parquet":
             ds = ray.data.read_parquet(paths, include_paths=True)
         elif fmt == "jsonl":
-            ds = ray.data.read_json(paths, include_paths=True, lines=True)
+            ds = ray.data.read_json(paths, include_paths=True)
         elif fmt == "txt":
             ds, text_column = ray.data.read_text(paths, include_paths=True, drop_empty_lines=True), "text"
         else:

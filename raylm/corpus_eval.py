@@ -37,6 +37,8 @@ from raylm.runtime import GPU_ACTOR_CPUS, connect
 log = logging.getLogger(__name__)
 
 DEFAULT_DOCS_PER_BATCH = 32
+# Batch sums are folded into one every this many batches, so the driver's state stays small on any corpus.
+COLLAPSE_PARTS = 1024
 _WORKER_ERROR = re.compile(r"^raylm\.errors\.\w+: (.+)$", re.MULTILINE)
 PROBE_TEXT = "Probe: the tokenizers of both models must encode this the same way, 0123 äöü 東京 🙂\n  end."
 
@@ -168,6 +170,8 @@ def _stream(scored: ray.data.Dataset, samples: Path, progress: bool) -> dict[str
                 writer = writer or pq.ParquetWriter(partial, batch.schema)
                 writer.write_table(batch)
                 parts.append(batch_sums(batch))
+                if len(parts) >= COLLAPSE_PARTS:
+                    parts = [merge_sums(parts)]
                 bar.update(batch.num_rows)
     except Exception as e:
         if writer:

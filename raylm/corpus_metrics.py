@@ -1,7 +1,7 @@
 """Per-document rows -> batch sums -> merged sums -> corpus metrics, for `raylm ppl` and `raylm kl`.
 
-Counts add exactly and NLL/KL add with math.fsum, so the merged sums do not depend on how the stream was cut
-into batches. Perplexities weight by the whole corpus (total NLL over total units).
+Counts add exactly and NLL/KL add with math.fsum, so the merged sums depend on how the stream was cut into
+batches only by one float64 rounding per batch. Perplexities weight by the whole corpus (total NLL over total units).
 """
 
 from __future__ import annotations
