@@ -66,24 +66,38 @@ def make_corpus(directory: Path, megabytes: int, words: list[str]) -> int:
     return total_docs
 
 
+ROLES = ("driver", "scoring actor", "other Ray workers", "Ray system")
+
+
+def role(p: psutil.Process, me: psutil.Process) -> str:
+    if p.pid == me.pid:
+        return "driver"
+    title = " ".join(p.cmdline())
+    if "MapWorker" in title:
+        return "scoring actor"
+    return "other Ray workers" if title.startswith("ray::") else "Ray system"
+
+
 class MemorySampler(threading.Thread):
-    """Every 0.5 s: PSS summed over this process and all its descendants (raylet, workers, actors, plasma)."""
+    """Every 0.5 s: PSS of this process and all its descendants (raylet, workers, actors, plasma), by role."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.stop = threading.Event()
-        self.samples: list[tuple[float, int, int]] = []
+        self.samples: list[dict[str, tuple[int, int]]] = []
 
     def run(self) -> None:
         me = psutil.Process()
         while not self.stop.is_set():
-            total = 0
+            sample = {r: (0, 0) for r in ROLES}
             for p in [me, *me.children(recursive=True)]:
                 try:
-                    total += p.memory_full_info().pss
+                    r, pss = role(p, me), p.memory_full_info().pss
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
-            self.samples.append((time.time(), total, me.memory_info().rss))
+                count, total = sample[r]
+                sample[r] = (count + 1, total + pss)
+            self.samples.append(sample)
             self.stop.wait(0.5)
 
 
@@ -97,12 +111,16 @@ def measure(spec, data: Path, out: Path) -> dict[str, float]:
     wall = time.time() - start
     sampler.stop.set()
     sampler.join()
-    totals = [s[1] for s in sampler.samples]
-    n = len(totals)
-    return {"docs": result.metrics["docs"], "tokens": result.metrics["tokens"], "wall_s": wall,
-            "peak_total_mb": max(totals) / 2**20, "peak_driver_mb": max(s[2] for s in sampler.samples) / 2**20,
-            # The second half of the run, when the stream is in steady state.
-            "late_total_mb": max(totals[n // 2:]) / 2**20, "samples": n}
+    totals = [sum(pss for _, pss in s.values()) for s in sampler.samples]
+    row = {"docs": result.metrics["docs"], "tokens": result.metrics["tokens"], "wall_s": wall,
+           "total": max(totals) / 2**20, "samples": len(totals),
+           # The scoring actor's PSS at each tenth of the run: a leak would climb, a bounded stream plateaus.
+           "actor_tenths": [round(sampler.samples[min(len(totals) - 1, len(totals) * k // 10)]["scoring actor"][1]
+                                  / 2**20) for k in range(1, 11)]}
+    for r in ROLES:
+        row[r] = max(s[r][1] for s in sampler.samples) / 2**20
+        row[f"{r} n"] = max(s[r][0] for s in sampler.samples)
+    return row
 
 
 def main() -> int:
@@ -133,16 +151,19 @@ def main() -> int:
             rows[scale] = {"text_mb": args.mb * scale, "parquet_mb": size, "docs_written": docs,
                            **measure(spec, root / f"corpus-{scale}x", root / f"out-{scale}x")}
             print(f"{scale}x done: {rows[scale]}", file=sys.stderr, flush=True)
-    print(f"object store: {args.object_store_mb} MB; {os.cpu_count()} CPUs; 1 scoring actor")
-    print(f"{'corpus':<7} {'text MB':>8} {'docs':>6} {'tokens':>9} {'wall s':>7} {'peak total PSS MB':>18} "
-          f"{'peak driver RSS MB':>19} {'late-half peak MB':>18}")
+    print(f"object store: {args.object_store_mb} MB; {os.cpu_count()} CPUs; 1 scoring actor; "
+          "peak PSS in MB (processes)")
+    print(f"{'corpus':<7} {'text MB':>8} {'tokens':>9} {'wall s':>7} {'all':>7} "
+          + " ".join(f"{r:>22}" for r in ROLES))
     for scale, r in rows.items():
-        print(f"{scale}x{'':<5} {r['text_mb']:>8} {r['docs']:>6} {r['tokens']:>9} {r['wall_s']:>7.0f} "
-              f"{r['peak_total_mb']:>18.0f} {r['peak_driver_mb']:>19.0f} {r['late_total_mb']:>18.0f}")
+        print(f"{scale}x{'':<5} {r['text_mb']:>8} {r['tokens']:>9} {r['wall_s']:>7.0f} {r['total']:>7.0f} "
+              + " ".join(f"{r[x]:>16.0f} ({r[x + ' n']:>3})" for x in ROLES))
+    for scale, r in rows.items():
+        print(f"{scale}x scoring actor PSS MB at each tenth of the run: {r['actor_tenths']}")
     one, four = rows[1], rows[4]
     print(f"ratio 4x/1x: corpus {four['text_mb'] / one['text_mb']:.1f}, tokens {four['tokens'] / one['tokens']:.2f}, "
-          f"peak total memory {four['peak_total_mb'] / one['peak_total_mb']:.2f}, "
-          f"peak driver {four['peak_driver_mb'] / one['peak_driver_mb']:.2f}")
+          f"all {four['total'] / one['total']:.2f}, "
+          + ", ".join(f"{x} {four[x] / one[x]:.2f}" for x in ROLES))
     ray.shutdown()
     return 0
 

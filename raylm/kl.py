@@ -37,6 +37,8 @@ class KLScorer:
         self.max_length = max_length
         self.device = next(model_p.parameters()).device
         self.token_budget = token_budget or (GPU_TOKEN_BUDGET if self.device.type == "cuda" else CPU_TOKEN_BUDGET)
+        self._keeps_logits = {id(m): "logits_to_keep" in inspect.signature(m.forward).parameters
+                              for m in (model_p, model_q)}
 
     def score(self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> KLScores:
         inputs, targets = [], []
@@ -92,7 +94,7 @@ class KLScorer:
     def _logprobs(self, model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
                   keep: int) -> torch.Tensor:
         """float32 log-softmax over the last `keep` positions; left padding hidden by explicit positions."""
-        kwargs = {"logits_to_keep": keep} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+        kwargs = {"logits_to_keep": keep} if self._keeps_logits[id(model)] else {}
         logits = model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                        position_ids=positions.to(self.device), **kwargs).logits[:, -keep:, :]
         return torch.log_softmax(logits.float(), dim=-1)
