@@ -1,5 +1,6 @@
 """Memory bound of `raylm ppl`: stream corpora 1x and 4x (both larger than Ray's object store) and compare peak
-memory of the driver plus every Ray process, sampled while the stream runs.
+memory (PSS, so shared object-store pages are not counted twice) of the driver, the scoring actor, the other Ray
+workers and Ray's own processes, sampled every 0.5 s while the stream runs.
 
 If anything held the corpus (or its per-window requests) the 4x peak would be about four times the 1x peak;
 streaming keeps it flat. The corpus is synthetic text over a word-level tokenizer whose 500 "words" are each
