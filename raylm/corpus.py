@@ -26,7 +26,7 @@ def detect_format(data: str) -> str:
     """The format named by the path's extension (glob or file); a directory needs --format."""
     name = data.rstrip("/").rsplit("/", 1)[-1].lower()
     for suffix, fmt in _SUFFIXES.items():
-        if name.endswith(suffix) or name.endswith(suffix + ".gz"):
+        if name.endswith(suffix):
             return fmt
     raise InputError(data, "cannot tell the format from the file name; pass --format parquet, jsonl or txt")
 
@@ -46,10 +46,16 @@ def expand_paths(data: str) -> list[str]:
         except (OSError, ValueError) as e:
             raise InputError(data, f"cannot list files: {_first_line(e)}") from e
         paths = sorted(f"{scheme}://{i.path}" for i in infos
-                       if i.type == pyarrow.fs.FileType.File and fnmatch.fnmatch(i.path, rest))
+                       if i.type == pyarrow.fs.FileType.File and _glob_match(i.path, rest))
     if not paths:
         raise InputError(data, "no files match")
     return paths
+
+
+def _glob_match(path: str, pattern: str) -> bool:
+    """Glob semantics for listed paths: `*` stays within one directory unless the pattern has `**`."""
+    same_depth = "**" in pattern or path.count("/") == pattern.count("/")
+    return same_depth and fnmatch.fnmatch(path, pattern)
 
 
 def read_corpus(data: str, fmt: str = "auto", text_column: str = "text", limit_docs: int | None = None
