@@ -8,6 +8,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+from raylm.corpus import FORMATS as CORPUS_FORMATS
+from raylm.corpus_eval import DEFAULT_DOCS_PER_BATCH, CorpusConfig, run_corpus
 from raylm.errors import RaylmError
 from raylm.evaluate import DEFAULT_FEWSHOT_SEED, EvalConfig, evaluate
 from raylm.model_loading import DTYPES, ModelSpec
@@ -51,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=DEFAULT_FEWSHOT_SEED, help="few-shot sampler seed")
     ev.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_REQUESTS, help="requests per shard")
     ev.add_argument("--no-progress", action="store_true")
+    add_corpus_commands(sub)
     return parser
 
 
@@ -80,11 +83,52 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- raylm ppl / raylm kl: perplexity and KL divergence over streamed corpora (raylm.corpus_eval) ---
+
+def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
+    ppl = sub.add_parser("ppl", help="perplexity of a model over a corpus (Parquet, JSONL or text), streamed")
+    kl = sub.add_parser("kl", help="mean KL(P||Q) per token between --model (P) and --model-b (Q) over a corpus")
+    kl.add_argument("--model-b", required=True, help="hub id or local directory of Q (same tokenizer as P)")
+    for p in (ppl, kl):
+        p.add_argument("--model", required=True, help="hub id or local directory")
+        p.add_argument("--data", required=True, help="file, directory or glob; local or any pyarrow filesystem URI")
+        p.add_argument("--format", dest="fmt", default="auto", choices=list(CORPUS_FORMATS),
+                       help="auto: from the file extension; txt is one document per non-empty line")
+        p.add_argument("--text-column", default="text", help="column holding the documents (Parquet, JSONL)")
+        p.add_argument("--max-length", type=int, help="tokens per window (default and upper bound: the model's)")
+        p.add_argument("--stride", type=int, help="new tokens scored per window (default: max length, disjoint)")
+        p.add_argument("--actors", type=int, help="model actors (default: one per GPU, or one on CPU)")
+        p.add_argument("--limit-docs", type=int, help="first N documents only")
+        p.add_argument("--docs-per-batch", type=int, default=DEFAULT_DOCS_PER_BATCH)
+        p.add_argument("--dtype", default="auto", choices=list(DTYPES))
+        p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+        p.add_argument("--output", type=Path, default=Path("raylm-out"), help="directory for results.json")
+        p.add_argument("--no-progress", action="store_true")
+        p.set_defaults(run=run_corpus_command)
+
+
+def run_corpus_command(args: argparse.Namespace) -> int:
+    spec_b = ModelSpec(args.model_b, args.dtype, args.device) if args.command == "kl" else None
+    cfg = CorpusConfig(ModelSpec(args.model, args.dtype, args.device), args.data, spec_b, args.fmt, args.text_column,
+                       args.max_length, args.stride, args.actors, args.limit_docs, args.docs_per_batch,
+                       not args.no_progress)
+    cfg.validate()
+    prepare_output(args.output)
+    result = run_corpus(cfg, args.output)
+    for key, value in result.metrics.items():
+        print(f"{args.command:<4} {key:<24} {value:>16.6f}" if isinstance(value, float) else
+              f"{args.command:<4} {key:<24} {value:>16d}")
+    print(f"wall time {result.wall_s:.1f} s; results written to {args.output / 'results.json'}")
+    return 0
+
+# --- end raylm ppl / raylm kl ---
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     try:
-        return run_eval(args)
+        return getattr(args, "run", run_eval)(args)
     except RaylmError as e:
         print(f"raylm: error: {e}", file=sys.stderr)
         return 2

@@ -20,7 +20,8 @@ GPU_ACTOR_CPUS = 0.5
 
 
 def connect() -> None:
-    """Attach when RAY_ADDRESS is set (as under `ray job submit`), else start a small local Ray.
+    """Attach when RAY_ADDRESS is set (as under `ray job submit`), else start a small local Ray (address="local":
+    never silently join a cluster some other `ray start` left on this machine).
 
     Resource arguments are only valid when starting a cluster, so an attaching driver passes none.
     """
@@ -29,7 +30,8 @@ def connect() -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init()
         return
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+             object_store_memory=LOCAL_OBJECT_STORE_BYTES)
 
 
 @dataclass(frozen=True)

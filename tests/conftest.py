@@ -56,7 +56,8 @@ def ray_session():
     """One small local Ray for the whole test session; ray.init costs seconds here."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 1024**2, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=128 * 1024**2,
+             log_to_driver=False)
     yield ray
     ray.shutdown()
 

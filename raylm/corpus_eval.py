@@ -1,0 +1,218 @@
+"""`raylm ppl` / `raylm kl` driver: corpus -> Ray Data stream -> model actors -> per-document rows -> sums.
+
+Nothing is materialised: Ray Data reads blocks, a pool of actors (each holding the model, or both models for
+KL) turns batches of whole documents into per-document rows, and the driver folds each arriving batch into
+sums and appends it to the samples file. Memory is therefore bounded by the blocks in flight, whatever the
+corpus size. Per-document rows are written to a temporary file renamed only once the run succeeds, so a failed
+run leaves no samples or results that look final.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import ray
+from tqdm import tqdm
+
+from raylm import __version__
+from raylm.corpus import FORMATS, read_corpus
+from raylm.corpus_metrics import batch_sums, kl_metrics, merge_sums, ppl_metrics
+from raylm.doc_scoring import DocKL, DocPerplexity
+from raylm.encoding import resolve_max_length
+from raylm.errors import RaylmError
+from raylm.model_loading import ModelSpec, check_model_path, load_tokenizer
+from raylm.report import write_atomic
+from raylm.runtime import GPU_ACTOR_CPUS, connect
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DOCS_PER_BATCH = 32
+# Batch sums are folded into one every this many batches, so the driver's state stays small on any corpus.
+COLLAPSE_PARTS = 1024
+_WORKER_ERROR = re.compile(r"^raylm\.errors\.\w+: (.+)$", re.MULTILINE)
+PROBE_TEXT = "Probe: the tokenizers of both models must encode this the same way, 0123 äöü 東京 🙂\n  end."
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    model: ModelSpec
+    data: str
+    model_b: ModelSpec | None = None
+    fmt: str = "auto"
+    text_column: str = "text"
+    max_length: int | None = None
+    stride: int | None = None
+    actors: int | None = None
+    limit_docs: int | None = None
+    docs_per_batch: int = DEFAULT_DOCS_PER_BATCH
+    progress: bool = True
+
+    @property
+    def kind(self) -> str:
+        return "kl" if self.model_b is not None else "ppl"
+
+    def validate(self) -> None:
+        if self.fmt not in FORMATS:
+            raise RaylmError(f"unknown --format '{self.fmt}' (use {', '.join(FORMATS)})")
+        for name, value in (("--max-length", self.max_length), ("--stride", self.stride), ("--actors", self.actors),
+                            ("--limit-docs", self.limit_docs), ("docs per batch", self.docs_per_batch)):
+            if value is not None and value < 1:
+                raise RaylmError(f"{name} must be at least 1, got {value}")
+
+
+@dataclass
+class CorpusResult:
+    config: CorpusConfig
+    metrics: dict[str, float]
+    max_length: int
+    stride: int
+    wall_s: float
+
+
+def model_max_length(spec: ModelSpec):
+    """The model's tokenizer and context length, read without loading weights."""
+    from transformers import AutoConfig
+
+    check_model_path(spec)
+    tokenizer = load_tokenizer(spec)
+    config = AutoConfig.from_pretrained(spec.path, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
+    return tokenizer, resolve_max_length(config, tokenizer)
+
+
+def check_same_tokenizer(a, b, name_a: str, name_b: str) -> None:
+    """KL compares distributions position by position, so both models must mean the same thing by each id."""
+    if a.get_vocab() != b.get_vocab():
+        raise RaylmError(f"the tokenizers of '{name_a}' and '{name_b}' have different vocabularies; "
+                         "KL needs models that share a tokenizer")
+    if a(PROBE_TEXT)["input_ids"] != b(PROBE_TEXT)["input_ids"]:
+        raise RaylmError(f"the tokenizers of '{name_a}' and '{name_b}' encode the same text differently; "
+                         "KL needs models that share a tokenizer")
+
+
+def resolve_lengths(cfg: CorpusConfig) -> tuple[int, int]:
+    """(max_length, stride): --max-length may shorten the model's context, never extend it."""
+    tokenizer, limit = model_max_length(cfg.model)
+    if cfg.model_b is not None:
+        tokenizer_b, limit_b = model_max_length(cfg.model_b)
+        check_same_tokenizer(tokenizer, tokenizer_b, cfg.model.path, cfg.model_b.path)
+        limit = min(limit, limit_b)
+    max_length = cfg.max_length or limit
+    if max_length > limit:
+        raise RaylmError(f"--max-length {max_length} exceeds the model's context length {limit}")
+    stride = cfg.stride or max_length
+    if stride > max_length:
+        raise RaylmError(f"--stride {stride} must not exceed the max length {max_length}")
+    return max_length, stride
+
+
+def actor_resources(spec: ModelSpec, n: int | None) -> tuple[int, dict[str, float], int]:
+    """(actors, Ray resources per actor, torch threads per actor).
+
+    CPU actors leave one CPU to Ray Data's read tasks (or the stream would stall with every CPU held by an
+    actor waiting for input) but run as many torch threads as their share of the cores.
+    """
+    resources = ray.cluster_resources()
+    gpus, cpus = resources.get("GPU", 0), resources.get("CPU", 1)
+    on_gpu = spec.device.startswith("cuda") or (spec.device == "auto" and gpus > 0)
+    n = n or (max(1, int(gpus)) if on_gpu else 1)
+    if on_gpu:
+        return n, {"num_cpus": GPU_ACTOR_CPUS, "num_gpus": 1}, 1
+    return n, {"num_cpus": max(0.01, (cpus - 1) / n)}, max(1, round(cpus / n))
+
+
+def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
+    """Score the corpus, write DIR/samples/<kind>.parquet and DIR/results.json, and return the metrics."""
+    cfg.validate()
+    start = time.time()
+    max_length, stride = resolve_lengths(cfg)
+    connect()
+    ds = read_corpus(cfg.data, cfg.fmt, cfg.text_column, cfg.limit_docs)
+    n, resources, threads = actor_resources(cfg.model, cfg.actors)
+    if cfg.model_b is None:
+        fn, args = DocPerplexity, (cfg.model, max_length, stride, threads)
+    else:
+        fn, args = DocKL, (cfg.model, cfg.model_b, max_length, stride, threads)
+    scored = ds.map_batches(fn, fn_constructor_args=args, batch_size=cfg.docs_per_batch, batch_format="pyarrow",
+                            compute=ray.data.ActorPoolStrategy(size=n), **resources)
+    samples = out_dir / "samples" / f"{cfg.kind}.parquet"
+    sums = _stream(scored, samples, cfg.progress)
+    if not sums:
+        raise RaylmError(f"{cfg.data}: the corpus has no documents")
+    metrics = ppl_metrics(sums) if cfg.kind == "ppl" else kl_metrics(sums)
+    result = CorpusResult(cfg, metrics, max_length, stride, time.time() - start)
+    write_atomic(out_dir / "results.json", json.dumps(results_dict(result), indent=2, default=str).encode())
+    return result
+
+
+def _stream(scored: ray.data.Dataset, samples: Path, progress: bool) -> dict[str, float]:
+    """Fold per-document batches into sums while appending them to the samples file, numbering documents."""
+    samples.parent.mkdir(parents=True, exist_ok=True)
+    partial = samples.with_name(f".{samples.name}.partial")
+    parts: list[dict[str, float]] = []
+    writer, docs = None, 0
+    try:
+        with tqdm(unit="doc", disable=not progress, desc="scoring") as bar:
+            for batch in scored.iter_batches(batch_format="pyarrow", batch_size=None):
+                if batch.num_rows == 0:
+                    continue
+                batch = batch.add_column(0, "doc", pa.array(range(docs, docs + batch.num_rows), pa.int64()))
+                docs += batch.num_rows
+                writer = writer or pq.ParquetWriter(partial, batch.schema)
+                writer.write_table(batch)
+                parts.append(batch_sums(batch))
+                if len(parts) >= COLLAPSE_PARTS:
+                    parts = [merge_sums(parts)]
+                bar.update(batch.num_rows)
+    except Exception as e:
+        if writer:
+            writer.close()
+        partial.unlink(missing_ok=True)
+        error = _user_error(e)
+        if error is e:
+            raise
+        raise error from e
+    if writer:
+        writer.close()
+        os.replace(partial, samples)
+    return merge_sums(parts)
+
+
+def _user_error(e: Exception) -> Exception:
+    """A worker's RaylmError as a plain one-line RaylmError, else e itself.
+
+    Ray Data re-raises a failed batch as its own UserCodeException, keeping the worker's exception only as
+    text, so the raylm error is found by its traceback line.
+    """
+    if isinstance(e, RaylmError):
+        return e
+    match = _WORKER_ERROR.search(str(e))
+    return RaylmError(match.group(1)) if match else e
+
+
+def results_dict(result: CorpusResult) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    cfg = result.config
+    return {
+        "results": {cfg.kind: result.metrics},
+        "config": {
+            "command": cfg.kind, "model": cfg.model.path, "model_args": cfg.model.as_dict(),
+            "model_b": cfg.model_b.path if cfg.model_b else None,
+            "model_b_args": cfg.model_b.as_dict() if cfg.model_b else None,
+            **{k: v for k, v in asdict(cfg).items() if k not in ("model", "model_b", "max_length", "stride")},
+            "max_length": result.max_length, "stride": result.stride, "wall_time_s": result.wall_s,
+            "versions": {"raylm": __version__, "ray": ray.__version__, "torch": torch.__version__,
+                         "transformers": transformers.__version__, "python": platform.python_version()},
+        },
+    }

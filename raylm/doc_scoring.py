@@ -1,0 +1,103 @@
+"""A batch of corpus documents -> one row of sums per document: the unit of work of `raylm ppl` and `raylm kl`.
+
+Each class is a Ray Data callable (model loaded once per actor in __init__, then called on Arrow batches), and
+equally a plain object tests call in-process. A batch holds whole documents, so a document's windows never
+leave the call that made them: windows from all documents in the batch are scored together and summed back
+per document, in float64 with math.fsum, before anything is returned.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from raylm.encoding import Encoder
+from raylm.errors import InputError
+from raylm.kl import KLScorer
+from raylm.model_loading import ModelSpec, load_model, load_tokenizer
+from raylm.scoring import Scorer
+from raylm.windows import strided_windows
+
+
+@dataclass
+class WindowedDocs:
+    """Every window of a batch of documents, flat, with the document each came from (`owner`)."""
+
+    texts: list[str]
+    tokens: list[int]
+    contexts: list[list[int]]
+    continuations: list[list[int]]
+    owner: np.ndarray
+
+    def per_doc(self, values: np.ndarray) -> list[float]:
+        """Sum per-window values into their documents, exactly rounded."""
+        parts: list[list[float]] = [[] for _ in self.texts]
+        for doc, value in zip(self.owner.tolist(), values.tolist()):
+            parts[doc].append(value)
+        return [math.fsum(p) for p in parts]
+
+    def counts(self, batch: pa.Table) -> dict[str, pa.Array]:
+        """What the per-unit perplexities divide by: whitespace words, UTF-8 bytes, characters of each text."""
+        return {
+            "path": batch["path"],
+            "tokens": pa.array(self.tokens, pa.int64()),
+            "words": pa.array([len(t.split()) for t in self.texts], pa.int64()),
+            "bytes": pa.array([len(t.encode("utf-8")) for t in self.texts], pa.int64()),
+            "chars": pa.array([len(t) for t in self.texts], pa.int64()),
+        }
+
+
+def window_documents(batch: pa.Table, encoder: Encoder, stride: int) -> WindowedDocs:
+    texts = batch["text"].to_pylist()
+    for path, text in zip(batch["path"].to_pylist(), texts):
+        if not isinstance(text, str):
+            raise InputError(path, f"expected a document's text, got {type(text).__name__}", field="text")
+    contexts, continuations, owner, tokens = [], [], [], []
+    for doc, ids in enumerate(encoder.encode_many(texts)):
+        tokens.append(len(ids))
+        for context, continuation in strided_windows(ids, encoder.prefix_token, encoder.max_length, stride):
+            contexts.append(context)
+            continuations.append(continuation)
+            owner.append(doc)
+    return WindowedDocs(texts, tokens, contexts, continuations, np.array(owner, dtype=np.int64))
+
+
+class DocPerplexity:
+    def __init__(self, spec: ModelSpec, max_length: int, stride: int, threads: int = 0):
+        if threads:
+            torch.set_num_threads(threads)
+        self.encoder = Encoder(load_tokenizer(spec), max_length)
+        self.scorer = Scorer(load_model(spec), max_length)
+        self.stride = stride
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        docs = window_documents(batch, self.encoder, self.stride)
+        loglik, _ = self.scorer.score(docs.contexts, docs.continuations)
+        nll = [-x for x in docs.per_doc(loglik)]
+        return pa.table({**docs.counts(batch), "nll": pa.array(nll, pa.float64())})
+
+
+class DocKL:
+    """KL(P || Q) per document, P = spec_p and Q = spec_q both resident in this one process."""
+
+    def __init__(self, spec_p: ModelSpec, spec_q: ModelSpec, max_length: int, stride: int, threads: int = 0):
+        if threads:
+            torch.set_num_threads(threads)
+        self.encoder = Encoder(load_tokenizer(spec_p), max_length)
+        self.scorer = KLScorer(load_model(spec_p), load_model(spec_q), max_length)
+        self.stride = stride
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        docs = window_documents(batch, self.encoder, self.stride)
+        scores = self.scorer.score(docs.contexts, docs.continuations)
+        return pa.table({
+            **docs.counts(batch),
+            "kl": pa.array(docs.per_doc(scores.kl), pa.float64()),
+            "nll_p": pa.array(docs.per_doc(scores.nll_p), pa.float64()),
+            "nll_q": pa.array(docs.per_doc(scores.nll_q), pa.float64()),
+            "argmax_disagree": pa.array(np.bincount(docs.owner, scores.disagree, len(docs.texts)).astype(np.int64)),
+        })

@@ -1,0 +1,188 @@
+"""`raylm ppl` / `raylm kl` over streamed corpora on Ray Data: formats, windows, references, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from conftest import DATA, run_cli
+from raylm.corpus_eval import CorpusConfig, run_corpus
+from raylm.doc_scoring import DocPerplexity
+from raylm.encoding import Encoder
+from raylm.errors import RaylmError
+from raylm.evaluate import EvalConfig, evaluate
+from raylm.model_loading import ModelSpec
+from raylm.tasks.wikitext import load_docs as wikitext_docs
+from reference import float64_copy
+from reference_corpus import reference_strided_nll
+
+COUNTS = ("docs", "tokens", "words", "bytes", "chars")
+
+
+def wikitext_lines(n: int) -> list[str]:
+    lines = (DATA / "wikitext-2" / "test.txt").read_text(encoding="utf-8").splitlines()
+    return [line for line in lines if line.strip()][:n]
+
+
+def write_shards(directory, texts: list[str], fmt: str, shards: int = 2) -> str:
+    """The same documents, in order, as `shards` files of one format; returns a glob over them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    size = math.ceil(len(texts) / shards)
+    for i in range(shards):
+        part = texts[i * size:(i + 1) * size]
+        path = directory / f"part-{i}.{fmt}"
+        if fmt == "parquet":
+            pq.write_table(pa.table({"id": list(range(len(part))), "body": part}), path)
+        elif fmt == "jsonl":
+            path.write_text("".join(json.dumps({"body": t, "id": j}) + "\n" for j, t in enumerate(part)))
+        else:
+            path.write_text("".join(t + "\n" for t in part), encoding="utf-8")
+    return str(directory / f"part-*.{fmt}")
+
+
+def run(spec: ModelSpec, data: str, out, **kwargs):
+    result = run_corpus(CorpusConfig(spec, data, progress=False, **kwargs), out)
+    kind = "kl" if kwargs.get("model_b") else "ppl"
+    return result, pq.read_table(out / "samples" / f"{kind}.parquet")
+
+
+@pytest.fixture(scope="module")
+def spec(tiny_llama, ray_session) -> ModelSpec:
+    return ModelSpec(str(tiny_llama), dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def lines() -> list[str]:
+    return wikitext_lines(40)
+
+
+@pytest.fixture(scope="module")
+def parquet_run(spec, lines, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("parquet")
+    data = write_shards(tmp / "data", lines, "parquet")
+    return data, *run(spec, data, tmp / "out", text_column="body", max_length=64)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "txt"])
+def test_same_documents_give_identical_metrics_in_every_format(spec, lines, parquet_run, fmt, tmp_path):
+    _, expected, expected_docs = parquet_run
+    data = write_shards(tmp_path / "data", lines, fmt)
+    result, docs = run(spec, data, tmp_path / "out", text_column="body" if fmt == "jsonl" else "text", max_length=64)
+    assert {k: result.metrics[k] for k in COUNTS} == {k: expected.metrics[k] for k in COUNTS}
+    assert result.metrics["docs"] == len(lines)
+    assert result.metrics["nll_sum"] == pytest.approx(expected.metrics["nll_sum"], rel=1e-9)
+    assert docs["nll"].to_pylist() == pytest.approx(expected_docs["nll"].to_pylist(), rel=1e-8)
+    assert docs["tokens"].to_pylist() == expected_docs["tokens"].to_pylist()
+
+
+def test_results_file_and_per_document_samples(parquet_run, lines, tmp_path_factory):
+    _, result, docs = parquet_run
+    assert docs["doc"].to_pylist() == list(range(len(lines)))
+    assert docs["words"].to_pylist() == [len(t.split()) for t in lines]
+    assert docs["bytes"].to_pylist() == [len(t.encode()) for t in lines]
+    assert result.metrics["nll_sum"] == pytest.approx(math.fsum(docs["nll"].to_pylist()), rel=1e-12)
+    m = result.metrics
+    assert m["token_perplexity"] == pytest.approx(math.exp(m["nll_sum"] / m["tokens"]))
+    assert m["word_perplexity"] == pytest.approx(math.exp(m["nll_sum"] / m["words"]))
+    assert m["bits_per_byte"] == pytest.approx(m["nll_sum"] / m["bytes"] / math.log(2))
+    assert m["bits_per_char"] == pytest.approx(m["nll_sum"] / m["chars"] / math.log(2))
+    assert m["byte_perplexity"] == pytest.approx(2 ** m["bits_per_byte"])
+
+
+def test_stride_equal_to_max_length_matches_the_wikitext_task(spec, tmp_path):
+    """The WikiText task's documents written to Parquet give the task's NLL and token count."""
+    pages = wikitext_docs(DATA)[:2]
+    pq.write_table(pa.table({"text": [p.text for p in pages]}), tmp_path / "wiki.parquet")
+    result, _ = run(spec, str(tmp_path / "wiki.parquet"), tmp_path / "out")
+    task = evaluate(EvalConfig(spec, ("wikitext",), DATA, limit=2, progress=False)).tasks["wikitext"]
+    assert result.stride == result.max_length == 128
+    assert result.metrics["tokens"] == task.sums["tokens"] and result.metrics["docs"] == 2
+    assert result.metrics["nll_sum"] == pytest.approx(task.sums["nll"], rel=1e-9)
+    assert result.metrics["token_perplexity"] == pytest.approx(task.metrics["token_perplexity,none"], rel=1e-9)
+
+
+def test_strided_windows_match_the_slow_labels_reference(spec):
+    """Per-document NLL of overlapping windows (in-process: the same code the actors run) against the HF recipe."""
+    texts = wikitext_lines(8)[3:8] + ["short", " ".join(wikitext_lines(30)[10:14])]
+    docs = DocPerplexity(spec, max_length=48, stride=20)(pa.table({"text": texts, "path": ["mem"] * len(texts)}))
+    model64 = float64_copy(AutoModelForCausalLM.from_pretrained(spec.path))
+    encoder = Encoder(AutoTokenizer.from_pretrained(spec.path), 48)
+    for text, nll, count in zip(texts, docs["nll"].to_pylist(), docs["tokens"].to_pylist()):
+        tokens = encoder.encode_many([text])[0]
+        expected, scored = reference_strided_nll(model64, tokens, encoder.prefix_token, 48, 20)
+        assert scored == count == len(tokens)
+        assert nll == pytest.approx(expected, rel=1e-6)
+    assert max(docs["tokens"].to_pylist()) > 3 * 48  # the long document spans many overlapping windows
+
+
+@pytest.fixture(scope="module")
+def perturbed(tiny_llama, tmp_path_factory) -> ModelSpec:
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for w in model.parameters():
+            w.add_(0.05 * torch.randn_like(w))
+    path = tmp_path_factory.mktemp("perturbed")
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_llama).save_pretrained(path)
+    return ModelSpec(str(path), dtype="float32", device="cpu")
+
+
+def test_kl_between_different_models_is_positive(spec, perturbed, parquet_run, tmp_path):
+    data, ppl, _ = parquet_run
+    result, docs = run(spec, data, tmp_path, model_b=perturbed, text_column="body", max_length=64)
+    m = result.metrics
+    assert m["kl_mean"] > 0 and all(kl > 0 for kl in docs["kl"].to_pylist())
+    assert 0 < m["argmax_disagree"] < 1
+    assert m["token_perplexity_p"] == pytest.approx(ppl.metrics["token_perplexity"], rel=1e-9)
+    assert m["token_perplexity_q"] != pytest.approx(m["token_perplexity_p"], rel=1e-6)
+
+
+def test_bad_corpus_input_is_refused_with_file_and_field(spec, tmp_path):
+    pq.write_table(pa.table({"body": ["fine", None, "also fine"]}), tmp_path / "nulls.parquet")
+    with pytest.raises(RaylmError, match=r"nulls\.parquet: field 'text': expected a document's text, got NoneType"):
+        run(spec, str(tmp_path / "nulls.parquet"), tmp_path / "out", text_column="body")
+    assert not (tmp_path / "out" / "results.json").exists()
+    assert not list((tmp_path / "out").rglob("*.parquet"))
+    with pytest.raises(RaylmError, match=r"nulls\.parquet: field 'content': no such column \(columns: body"):
+        run(spec, str(tmp_path / "nulls.parquet"), tmp_path / "out", text_column="content")
+    pq.write_table(pa.table({"body": [1, 2]}), tmp_path / "ints.parquet")
+    with pytest.raises(RaylmError, match=r"missing-\*\.parquet: no files match"):
+        run(spec, str(tmp_path / "missing-*.parquet"), tmp_path / "out")
+    with pytest.raises(RaylmError, match=r"missing\.parquet: cannot read the corpus"):
+        run(spec, str(tmp_path / "missing.parquet"), tmp_path / "out")
+    with pytest.raises(RaylmError, match="--stride 80 must not exceed the max length 64"):
+        run(spec, str(tmp_path / "ints.parquet"), tmp_path / "out", max_length=64, stride=80)
+    with pytest.raises(RaylmError, match="exceeds the model's context length 128"):
+        run(spec, str(tmp_path / "ints.parquet"), tmp_path / "out", max_length=4096)
+
+
+def test_cli_ppl_on_two_actors_matches_one_and_kl_refuses_mismatched_tokenizers(parquet_run, tiny_llama,
+                                                                                 tiny_gpt2, tmp_path):
+    """The CLI as users run it; 2 actors and 3-document batches give the in-process run's per-document NLL."""
+    data, expected, expected_docs = parquet_run
+    out = tmp_path / "out"
+    proc = run_cli("ppl", "--model", str(tiny_llama), "--data", data, "--text-column", "body", "--max-length", "64",
+                   "--actors", "2", "--docs-per-batch", "3", "--output", str(out), "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    ppl = results["results"]["ppl"]
+    assert set(ppl) == set(expected.metrics) >= {"nll_sum", "tokens", "words", "bytes", "chars", "docs",
+                                                 "token_perplexity", "word_perplexity", "byte_perplexity",
+                                                 "bits_per_byte", "bits_per_char"}
+    assert {k: ppl[k] for k in COUNTS} == {k: expected.metrics[k] for k in COUNTS}
+    assert results["config"]["stride"] == results["config"]["max_length"] == 64
+    docs = pq.read_table(out / "samples" / "ppl.parquet")
+    assert docs["nll"].to_pylist() == pytest.approx(expected_docs["nll"].to_pylist(), rel=1e-8)
+    assert "token_perplexity" in proc.stdout
+    proc = run_cli("kl", "--model", str(tiny_llama), "--model-b", str(tiny_gpt2), "--data", data,
+                   "--output", str(tmp_path / "kl"), "--no-progress")
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("raylm: error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "different vocabularies" in errors[0], proc.stderr[-2000:]
+    assert not (tmp_path / "kl" / "results.json").exists()

@@ -1,0 +1,49 @@
+"""Batch sums merge to the whole corpus's sums however the stream was cut, and metrics follow from the sums."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from raylm.corpus_metrics import batch_sums, kl_metrics, merge_sums, ppl_metrics
+
+
+def doc_rows(n: int, kl: bool) -> pa.Table:
+    rng = np.random.default_rng(n)
+    cols = {name: pa.array(rng.integers(1, 5000, n), pa.int64()) for name in ("tokens", "words", "bytes", "chars")}
+    if kl:
+        cols.update(kl=rng.random(n) * 1e-3, nll_p=rng.random(n) * 1e4, nll_q=rng.random(n) * 1e4,
+                    argmax_disagree=pa.array(rng.integers(0, 50, n), pa.int64()))
+    else:
+        cols["nll"] = rng.random(n) * 1e4
+    return pa.table(cols)
+
+
+@pytest.mark.parametrize("kl", [False, True])
+def test_merged_batch_sums_equal_whole_corpus_sums(kl):
+    rows = doc_rows(1000, kl)
+    whole = batch_sums(rows)
+    cuts = [0, 1, 7, 300, 301, 999, 1000]
+    parts = [batch_sums(rows.slice(a, b - a)) for a, b in zip(cuts, cuts[1:])]
+    collapsed = merge_sums([merge_sums(parts[:3]), merge_sums(parts[3:])])
+    for merged in (merge_sums(parts), collapsed):
+        assert merged.keys() == whole.keys()
+        for key, value in whole.items():
+            # Counts add exactly; float sums differ from one fsum over all documents by a rounding per batch.
+            assert merged[key] == value if isinstance(value, int) else merged[key] == pytest.approx(value, rel=1e-15)
+    assert whole["docs"] == 1000
+
+
+def test_metrics_from_sums():
+    sums = {"docs": 2, "tokens": 10, "words": 4, "bytes": 20, "chars": 16, "nll_sum": 25.0}
+    m = ppl_metrics(sums)
+    assert m["token_perplexity"] == math.exp(2.5) and m["word_perplexity"] == math.exp(25 / 4)
+    assert m["bits_per_byte"] == 25 / 20 / math.log(2) and m["bits_per_char"] == 25 / 16 / math.log(2)
+    assert m["byte_perplexity"] == math.exp(25 / 20)
+    k = kl_metrics({**{x: sums[x] for x in ("docs", "tokens", "words", "bytes", "chars")}, "kl_sum": 0.5,
+                    "nll_sum_p": 20.0, "nll_sum_q": 30.0, "argmax_disagree": 3})
+    assert k["kl_mean"] == 0.05 and k["argmax_disagree"] == 0.3 and k["argmax_disagree_count"] == 3
+    assert k["token_perplexity_p"] == math.exp(2.0) and k["token_perplexity_q"] == math.exp(3.0)
