@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import ray
 from ray.actor import ActorHandle
 
 from raylm import __version__
 from raylm.encoding import Encoder, resolve_max_length
 from raylm.errors import RaylmError
 from raylm.metrics import choice_metrics, rolling_metrics
-from raylm.model_loading import ModelSpec, check_model_path, load_tokenizer
+from raylm.model_loading import QUANTIZATIONS, ModelSpec, check_model_path, load_tokenizer
 from raylm.requests import build_requests
 from raylm.runtime import connect, start_actors
 from raylm.scheduler import run_shards
@@ -40,6 +41,7 @@ class EvalConfig:
     actors: int | None = None
     shard_requests: int = DEFAULT_SHARD_REQUESTS
     progress: bool = True
+    num_gpus: float | None = None
 
     def validate(self) -> None:
         for name in self.tasks:
@@ -56,6 +58,10 @@ class EvalConfig:
             raise RaylmError(f"--batch-size must be 'auto' or a positive integer, got {self.batch_size}")
         if self.shard_requests < 1:
             raise RaylmError(f"shard size must be at least 1, got {self.shard_requests}")
+        if self.num_gpus is not None and self.num_gpus < 0:
+            raise RaylmError(f"--num-gpus must be 0 or more, got {self.num_gpus}")
+        if self.model.quantization is not None and self.model.quantization not in QUANTIZATIONS:
+            raise RaylmError(f"unknown quantization '{self.model.quantization}' (use {' or '.join(QUANTIZATIONS)})")
 
 
 @dataclass
@@ -113,7 +119,7 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None) -> EvalRe
     tables, originals = build_task_requests(cfg, encoder)
     shards = make_shards(tables, cfg.shard_requests)
     connect()
-    pool = actors if actors is not None else start_actors(cfg.model, cfg.actors, cfg.batch_size)
+    pool = actors if actors is not None else start_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus)
     scored = run_shards(pool, shards, progress=cfg.progress)
     results = {}
     for name, (kind, _) in tables.items():
@@ -122,4 +128,5 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None) -> EvalRe
         metrics = rolling_metrics(sums) if kind == "rolling" else choice_metrics(sums, get_task(name).choice_metrics)
         results[name] = TaskResult(name, kind, metrics, sums, originals[name], pa.concat_tables(s.table for s in mine))
     return EvalResult(cfg, results, time.time() - start, {"raylm_version": __version__, "shards": len(shards),
-                                                           "max_length": encoder.max_length})
+                                                           "max_length": encoder.max_length,
+                                                           "ray_gcs_address": ray.get_runtime_context().gcs_address})

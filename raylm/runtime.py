@@ -31,13 +31,14 @@ def connect() -> None:
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES)
 
 
-def start_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus: float | None = None
-                 ) -> list[ActorHandle]:
+def start_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus: float | None = None,
+                 num_cpus: float | None = None) -> list[ActorHandle]:
     """Start n actors (default: one per GPU when scoring on GPUs, else one) and wait until their models load.
 
     CPU actors split the cluster's CPUs between them (and set torch's threads to match), so two actors on a
     two-core laptop each get one core instead of fighting over both. GPU actors reserve only a fraction of a CPU
-    so that a node with few CPUs per GPU cannot deadlock.
+    so that a node with few CPUs per GPU cannot deadlock. `num_cpus` overrides both, so that actors for
+    different models (a sweep) can share a machine instead of each claiming all of it.
     """
     resources = ray.cluster_resources()
     gpus_total = resources.get("GPU", 0)
@@ -52,6 +53,8 @@ def start_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpu
     else:
         cpus = max(0.01, resources.get("CPU", 1) / n)
         threads = max(1, int(cpus))
+    if num_cpus is not None:
+        cpus, threads = num_cpus, max(1, int(num_cpus))
     actors = [RemoteScoringActor.options(num_cpus=cpus, num_gpus=num_gpus).remote(spec, threads, batch_size)
               for _ in range(n)]
     try:
