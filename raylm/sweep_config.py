@@ -8,6 +8,7 @@ multiply the models; the rest (num_fewshot, limit, batch_size) multiply the poin
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -184,7 +185,8 @@ def _model_path(value: str, base: Path) -> str:
     if value == PACKAGED:
         return str(DEMO / "models" / "stories260K-hf")
     local = base / Path(value).expanduser()
-    return str(local.resolve()) if looks_local(value) or local.exists() else value
+    # abspath, not resolve: a symlinked model keeps the name it was given.
+    return os.path.abspath(local) if looks_local(value) or local.exists() else value
 
 
 def _models(r: _Reader, node: yaml.Node, grid: dict[str, yaml.Node], base: Path, device: str
