@@ -193,9 +193,8 @@ def _models(r: _Reader, node: yaml.Node, grid: dict[str, yaml.Node], base: Path,
             ) -> tuple[SweepModel, ...]:
     if not isinstance(node, yaml.SequenceNode) or not node.value:
         raise r.fail(node, "models", "must be a non-empty list of model paths or mappings with a 'path'")
-    dtypes = [(n, v) for n, v in r.values(grid["dtype"], "settings.dtype")] if "dtype" in grid else []
-    quants = [(n, v) for n, v in r.values(grid["quantization"], "settings.quantization")] \
-        if "quantization" in grid else []
+    dtypes = r.values(grid["dtype"], "settings.dtype") if "dtype" in grid else []
+    quants = r.values(grid["quantization"], "settings.quantization") if "quantization" in grid else []
     for item, value in dtypes:
         if value not in DTYPES:
             raise r.fail(item, "settings.dtype", f"unknown dtype {value!r} (use {', '.join(DTYPES)})")
@@ -207,27 +206,7 @@ def _models(r: _Reader, node: yaml.Node, grid: dict[str, yaml.Node], base: Path,
     seen: dict[str, int] = {}
     for i, item in enumerate(node.value):
         key = f"models[{i}]"
-        fields = {"path": item} if isinstance(item, yaml.ScalarNode) else r.mapping(item, key, MODEL_KEYS)
-        if "path" not in fields:
-            raise r.fail(item, f"{key}.path", "missing (each model needs a hub id or a directory)")
-        spec = ModelSpec(_model_path(r.typed(fields["path"], f"{key}.path", str, "a string"), base), device=device)
-        if "revision" in fields:
-            spec = replace(spec, revision=str(r.scalar(fields["revision"], f"{key}.revision")))
-        if "dtype" in fields:
-            if dtypes:
-                raise r.fail(fields["dtype"], f"{key}.dtype", "also given in settings.dtype; set it in one place")
-            spec = replace(spec, dtype=r.typed(fields["dtype"], f"{key}.dtype", str, "a dtype"))
-            if spec.dtype not in DTYPES:
-                raise r.fail(fields["dtype"], f"{key}.dtype", f"unknown dtype {spec.dtype!r} (use {', '.join(DTYPES)})")
-        for bits in ("4bit", "8bit"):
-            flag = f"load_in_{bits}"
-            if flag in fields and r.typed(fields[flag], f"{key}.{flag}", bool, "true or false"):
-                if quants or spec.quantization:
-                    raise r.fail(fields[flag], f"{key}.{flag}",
-                                 "conflicts with another quantization setting; choose one")
-                spec = replace(spec, quantization=bits)
-        base_name = r.typed(fields["name"], f"{key}.name", str, "a string") if "name" in fields \
-            else _default_name(spec)
+        spec, base_name, where = _model(r, item, key, base, device, bool(dtypes), bool(quants))
         for dtype_value, quant_value in itertools.product([v for _, v in dtypes] or [None],
                                                           [v for _, v in quants] or [False]):
             variant, name = spec, base_name
@@ -236,7 +215,6 @@ def _models(r: _Reader, node: yaml.Node, grid: dict[str, yaml.Node], base: Path,
             if quant_value is not False:
                 quant = None if quant_value in (None, "none") else quant_value
                 variant, name = replace(variant, quantization=quant), f"{name}-{quant or 'noquant'}"
-            where = fields.get("name", item)
             if not NAME.match(name):
                 raise r.fail(where, f"{key}.name", f"{name!r} is not a usable folder name (letters, digits, . _ -)")
             if name in seen:
@@ -245,6 +223,32 @@ def _models(r: _Reader, node: yaml.Node, grid: dict[str, yaml.Node], base: Path,
             seen[name] = i
             out.append(SweepModel(name, variant))
     return tuple(out)
+
+
+def _model(r: _Reader, item: yaml.Node, key: str, base: Path, device: str, grid_dtype: bool, grid_quant: bool
+           ) -> tuple[ModelSpec, str, yaml.Node]:
+    """One entry of `models`: its spec, its folder name before grid suffixes, and the node to blame for the name."""
+    fields = {"path": item} if isinstance(item, yaml.ScalarNode) else r.mapping(item, key, MODEL_KEYS)
+    if "path" not in fields:
+        raise r.fail(item, f"{key}.path", "missing (each model needs a hub id or a directory)")
+    spec = ModelSpec(_model_path(r.typed(fields["path"], f"{key}.path", str, "a string"), base), device=device)
+    if "revision" in fields:
+        spec = replace(spec, revision=str(r.scalar(fields["revision"], f"{key}.revision")))
+    if "dtype" in fields:
+        if grid_dtype:
+            raise r.fail(fields["dtype"], f"{key}.dtype", "also given in settings.dtype; set it in one place")
+        spec = replace(spec, dtype=r.typed(fields["dtype"], f"{key}.dtype", str, "a dtype"))
+        if spec.dtype not in DTYPES:
+            raise r.fail(fields["dtype"], f"{key}.dtype", f"unknown dtype {spec.dtype!r} (use {', '.join(DTYPES)})")
+    for bits in QUANTIZATIONS:
+        flag = f"load_in_{bits}"
+        if flag in fields and r.typed(fields[flag], f"{key}.{flag}", bool, "true or false"):
+            if grid_quant or spec.quantization:
+                raise r.fail(fields[flag], f"{key}.{flag}", "conflicts with another quantization setting; choose one")
+            spec = replace(spec, quantization=bits)
+    if "name" in fields:
+        return spec, r.typed(fields["name"], f"{key}.name", str, "a string"), fields["name"]
+    return spec, _default_name(spec), item
 
 
 def _default_name(spec: ModelSpec) -> str:

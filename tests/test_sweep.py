@@ -4,6 +4,7 @@ equal to a plain evaluation, resuming skips finished points, and bad sweep files
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -12,6 +13,7 @@ import ray
 
 import raylm.sweep
 from conftest import DATA, run_cli
+from raylm.cli import build_parser, config_from_args
 from raylm.errors import RaylmError
 from raylm.evaluate import evaluate
 from raylm.runtime import start_actors
@@ -188,3 +190,11 @@ def test_shipped_sweeps_parse():
     assert len(gpu.models) == 10 and {m.spec.quantization for m in gpu.models} == {None, "4bit"}
     assert {m.spec.dtype for m in gpu.models} == {"bfloat16"} and gpu.num_gpus == 0.25
     assert [p.num_fewshot for p in gpu.points] == [0, 5]
+
+
+def test_num_gpus_flag_reaches_the_actors_config():
+    args = build_parser().parse_args(["eval", "--demo", "--num-gpus", "0.25"])
+    cfg = config_from_args(args)
+    assert cfg.num_gpus == 0.25
+    with pytest.raises(RaylmError, match="--num-gpus must be 0 or more"):
+        replace(cfg, num_gpus=-1.0).validate()
