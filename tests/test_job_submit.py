@@ -40,6 +40,7 @@ PORT_FLAGS = ("port", "dashboard-port", "dashboard-agent-listen-port", "dashboar
               "runtime-env-agent-port")
 STARTUP_S = 90
 SHUTDOWN_S = 10
+RAY = str(Path(sys.executable).parent / "ray")  # the CLI installed beside this Python, whatever PATH says
 
 
 def free_port() -> int:
@@ -61,7 +62,7 @@ def ray_head(temp_dir: Path) -> Iterator[tuple[str, int]]:
     The job server lives in the dashboard process, so the dashboard is included.
     """
     ports = {flag: free_port() for flag in PORT_FLAGS}
-    command = ["ray", "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--num-cpus", "2",
+    command = [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--num-cpus", "2",
                "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--temp-dir", str(temp_dir),
                "--object-store-memory", str(128 * 1024**2), "--disable-usage-stats",
                *(arg for flag, port in ports.items() for arg in (f"--{flag}", str(port)))]
@@ -106,7 +107,7 @@ def test_ray_job_submit_attaches_and_writes_results(tmp_path):
     try:
         with ray_head(temp_dir) as (address, gcs_port):
             proc = subprocess.run(
-                ["ray", "job", "submit", "--address", address, "--working-dir", str(working_dir), "--",
+                [RAY, "job", "submit", "--address", address, "--working-dir", str(working_dir), "--",
                  sys.executable, "-m", "raylm", "eval", "--demo", "--limit", "5", "--output", str(out),
                  "--no-progress"],
                 env=cluster_env(), capture_output=True, text=True, timeout=240)

@@ -198,3 +198,19 @@ def test_num_gpus_flag_reaches_the_actors_config():
     assert cfg.num_gpus == 0.25
     with pytest.raises(RaylmError, match="--num-gpus must be 0 or more"):
         replace(cfg, num_gpus=-1.0).validate()
+
+
+def test_failed_point_stops_before_summary_and_keeps_finished_points(ray_session, tiny_llama, tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(f"models: [{tiny_llama}]\ntasks: [hellaswag]\ndata_dir: {DATA}\ndevice: cpu\n"
+                    "settings:\n  num_fewshot: [0, 1]   # no HellaSwag training split here to draw shots from\n"
+                    "  limit: [2]\n")
+    sweep = load_sweep(path)
+    out = tmp_path / "out"
+    with pytest.raises(RaylmError, match=r"^tiny-llama\d*: .*hellaswag/train.jsonl: data file not found"):
+        run_sweep(sweep, out)
+    name = sweep.models[0].name
+    assert (out / name / sweep.points[0].name / "results.json").is_file()
+    assert not (out / name / sweep.points[1].name / "results.json").exists()
+    assert not (out / "summary.csv").exists() and not (out / "summary.md").exists()
+    assert json.loads((out / "sweep.json").read_text())[name]["points_run"] == [sweep.points[0].name]
