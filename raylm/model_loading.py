@@ -109,8 +109,10 @@ def _avoid_unpackable_cpu_4bit(model: torch.nn.Module) -> None:
     import bitsandbytes as bnb
 
     for module in model.modules():
-        if isinstance(module, bnb.nn.Linear4bit) and (
-                module.out_features % CPU_PACKED_4BIT_BLOCK_N or module.in_features % module.weight.quant_state.blocksize):
+        if not isinstance(module, bnb.nn.Linear4bit):
+            continue
+        blocksize = module.weight.quant_state.blocksize
+        if module.out_features % CPU_PACKED_4BIT_BLOCK_N or module.in_features % blocksize:
             module.support_avx512bf16_for_cpu = False
 
 

@@ -259,8 +259,8 @@ def _default_name(spec: ModelSpec) -> str:
 
 
 def _points(r: _Reader, grid: dict[str, yaml.Node]) -> tuple[SweepPoint, ...]:
-    shots = [_count(r, n, v, "settings.num_fewshot", 0) for n, v in r.values(grid["num_fewshot"], "settings.num_fewshot")] \
-        if "num_fewshot" in grid else [0]
+    shots = [_count(r, n, v, "settings.num_fewshot", 0)
+             for n, v in r.values(grid["num_fewshot"], "settings.num_fewshot")] if "num_fewshot" in grid else [0]
     limits = [None if v is None else _count(r, n, v, "settings.limit", 1)
               for n, v in r.values(grid["limit"], "settings.limit")] if "limit" in grid else [None]
     batches = [None if v == "auto" else _count(r, n, v, "settings.batch_size", 1)

@@ -146,7 +146,8 @@ BAD = {
                   "line 3: models[0].dtype: unknown dtype 'fp8'"),
     "limit zero": ("models: [gpt2]\ntasks: [hellaswag]\nsettings:\n  limit: [5, 0]\n",
                    "line 4: settings.limit: must be an integer >= 1"),
-    "two quantizations": ("models:\n  - path: gpt2\n    load_in_4bit: true\n    load_in_8bit: true\ntasks: [hellaswag]\n",
+    "two quantizations": ("models:\n  - path: gpt2\n    load_in_4bit: true\n    load_in_8bit: true\n"
+                          "tasks: [hellaswag]\n",
                           "line 4: models[0].load_in_8bit: conflicts with another quantization"),
     "duplicate name": ("models:\n  - gpt2\n  - path: gpt2\ntasks: [hellaswag]\n",
                        "line 3: models[1].name: 'gpt2' is already used by models[0]"),
