@@ -47,6 +47,10 @@ class ScoringActor:
         """The actor's PID: proof of life once the model is loaded, and what fault-injection tests kill."""
         return os.getpid()
 
+    def set_batch_size(self, batch_size: int | None) -> None:
+        """Sweep points differ in batch size without being different models, so they must not reload it."""
+        self.scorer.batch_size = batch_size
+
     def score(self, kind: str, shard: pa.Table) -> ScoredShard:
         return score_shard(self.scorer, kind, shard)
 

@@ -53,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=DEFAULT_FEWSHOT_SEED, help="few-shot sampler seed")
     ev.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_REQUESTS, help="requests per shard")
     ev.add_argument("--no-progress", action="store_true")
+    quant = ev.add_mutually_exclusive_group()
+    quant.add_argument("--load-in-4bit", action="store_true", help="nf4 weights via bitsandbytes (raylm[quant])")
+    quant.add_argument("--load-in-8bit", action="store_true", help="LLM.int8 weights via bitsandbytes (raylm[quant])")
+    ev.add_argument("--num-gpus", type=float, help="GPUs per actor; fractions pack several actors on one GPU")
+    sw = sub.add_parser("sweep", help="run a sweep file: models × tasks × settings in one Ray job")
+    sw.add_argument("file", type=Path, help="sweep file, e.g. jobs/demo.yaml")
+    sw.add_argument("--output", type=Path, help="directory for results (default: raylm-sweeps/<file stem>)")
+    sw.set_defaults(run=run_sweep_file)
     add_corpus_commands(sub)
     return parser
 
@@ -64,10 +72,12 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         data_dir = data_dir or Path(str(DEMO / "data"))
     if not model:
         raise RaylmError("--model is required (or use --demo)")
-    spec = ModelSpec(model, args.dtype, args.device, args.revision, args.trust_remote_code, args.allow_pickle)
+    quantization = "4bit" if args.load_in_4bit else "8bit" if args.load_in_8bit else None
+    spec = ModelSpec(model, args.dtype, args.device, args.revision, args.trust_remote_code, args.allow_pickle,
+                     quantization)
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     return EvalConfig(spec, tasks, data_dir, args.limit, args.num_fewshot, args.seed, args.batch_size, args.actors,
-                      args.shard_size, not args.no_progress, args.output, args.overwrite)
+                      args.shard_size, not args.no_progress, args.output, args.overwrite, args.num_gpus)
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -122,6 +132,19 @@ def run_corpus_command(args: argparse.Namespace) -> int:
     return 0
 
 # --- end raylm ppl / raylm kl ---
+
+def run_sweep_file(args: argparse.Namespace) -> int:
+    from raylm.plots import SUMMARY_MD
+    from raylm.sweep import run_sweep
+    from raylm.sweep_config import load_sweep
+
+    out = args.output or Path("raylm-sweeps") / args.file.stem
+    runs = run_sweep(load_sweep(args.file), out)
+    print((out / SUMMARY_MD).read_text(), end="")
+    ran = sum(len(r.points_run) for r in runs.values())
+    skipped = sum(len(r.points_skipped) for r in runs.values())
+    print(f"{ran} point(s) run, {skipped} already finished; summary, plots and results under {out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ from raylm.errors import RaylmError
 from raylm.metrics import choice_metrics, rolling_metrics
 from raylm.actors import ScoredShard
 from raylm.checkpoint import Checkpoint, fingerprint
-from raylm.model_loading import ModelSpec, check_model_path, load_tokenizer
+from raylm.model_loading import QUANTIZATIONS, ModelSpec, check_model_path, load_tokenizer
 from raylm.requests import build_requests
 from raylm.runtime import connect, plan_actors, start_actors
 from raylm.scheduler import ScheduleReport, run_shards
@@ -51,6 +51,7 @@ class EvalConfig:
     progress: bool = True
     output: Path | None = None  # checkpoint finished shards here and resume from them
     overwrite: bool = False  # discard results a different run left in `output`
+    num_gpus: float | None = None
 
     def validate(self) -> None:
         for name in self.tasks:
@@ -67,6 +68,10 @@ class EvalConfig:
             raise RaylmError(f"--batch-size must be 'auto' or a positive integer, got {self.batch_size}")
         if self.shard_requests < 1:
             raise RaylmError(f"shard size must be at least 1, got {self.shard_requests}")
+        if self.num_gpus is not None and self.num_gpus < 0:
+            raise RaylmError(f"--num-gpus must be 0 or more, got {self.num_gpus}")
+        if self.model.quantization is not None and self.model.quantization not in QUANTIZATIONS:
+            raise RaylmError(f"unknown quantization '{self.model.quantization}' (use {' or '.join(QUANTIZATIONS)})")
 
 
 @dataclass
@@ -154,7 +159,8 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
     wall = time.time() - start
     extra = {"raylm_version": __version__, "shards": len(shards), "max_length": encoder.max_length,
              "requests_scored": sum(s.table.num_rows for s in todo), "shards_retried": report.retried,
-             "shards_resumed": resumed, "actors_replaced": report.replaced}
+             "shards_resumed": resumed, "actors_replaced": report.replaced,
+             "ray_gcs_address": ray.get_runtime_context().gcs_address if ray.is_initialized() else None}
     log.info("%s", run_summary(extra, wall))
     return EvalResult(cfg, results, wall, extra)
 
@@ -170,8 +176,8 @@ def _score(cfg: EvalConfig, shards: list[Shard], actors: list[ActorHandle] | Non
            on_shard: Callable[[Shard, ScoredShard], None] | None) -> ScheduleReport:
     connect()
     own = actors is None
-    pool = start_actors(cfg.model, cfg.actors, cfg.batch_size) if own else actors
-    recipe, _ = plan_actors(cfg.model, len(pool), cfg.batch_size)
+    pool = start_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus) if own else actors
+    recipe, _ = plan_actors(cfg.model, len(pool), cfg.batch_size, cfg.num_gpus)
     spawned: list[ActorHandle] = []
 
     def replace() -> ActorHandle:

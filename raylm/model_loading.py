@@ -13,6 +13,10 @@ from raylm.errors import RaylmError
 DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SAFE_WEIGHTS = "*.safetensors"
 PICKLE_WEIGHTS = "pytorch_model*.bin"
+QUANTIZATIONS = ("4bit", "8bit")
+# bitsandbytes' packed CPU kernel for 4-bit weights needs out_features % 32 == 0 and in_features % blocksize == 0;
+# other layers (stories260K's 172-wide MLP) must take its generic path or the first forward fails.
+CPU_PACKED_4BIT_BLOCK_N = 32
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,7 @@ class ModelSpec:
     revision: str | None = None
     trust_remote_code: bool = False
     allow_pickle: bool = False  # pickle weights (pytorch_model.bin) can run code when loaded: opt-in only
+    quantization: str | None = None  # None, "4bit" (nf4, double quant, bf16 compute) or "8bit" (LLM.int8)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,13 +81,47 @@ def load_model(spec: ModelSpec) -> torch.nn.Module:
 
     if spec.dtype not in DTYPES:
         raise RaylmError(f"unknown --dtype '{spec.dtype}' (use {', '.join(DTYPES)})")
+    device = resolve_device(spec.device)
+    # Quantised weights are placed by from_pretrained itself: bitsandbytes models refuse a later `.to()`.
+    placement = {"quantization_config": quantization_config(spec.quantization), "device_map": {"": device}} \
+        if spec.quantization else {}
     try:
         model = AutoModelForCausalLM.from_pretrained(_source(spec), revision=spec.revision, dtype=DTYPES[spec.dtype],
                                                      trust_remote_code=spec.trust_remote_code,
-                                                     use_safetensors=None if spec.allow_pickle else True)
+                                                     use_safetensors=None if spec.allow_pickle else True, **placement)
     except (OSError, ValueError) as e:
         raise RaylmError(f"could not load model '{spec.path}': {_first_line(e)}") from e
-    return model.to(resolve_device(spec.device)).eval()
+    if spec.quantization:
+        _avoid_unpackable_cpu_4bit(model)
+        return model.eval()
+    return model.to(device).eval()
+
+
+def quantization_config(quantization: str | None):
+    """bitsandbytes settings for a ModelSpec.quantization value; bitsandbytes is imported only when asked for."""
+    if quantization not in QUANTIZATIONS:
+        raise RaylmError(f"unknown quantization '{quantization}' (use {' or '.join(QUANTIZATIONS)})")
+    try:
+        import bitsandbytes  # noqa: F401  (transformers needs it at load time; fail here with the fix in the message)
+    except ImportError as e:
+        raise RaylmError("quantised loading needs bitsandbytes: pip install 'raylm[quant]'") from e
+    from transformers import BitsAndBytesConfig
+
+    if quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.bfloat16)
+
+
+def _avoid_unpackable_cpu_4bit(model: torch.nn.Module) -> None:
+    import bitsandbytes as bnb
+
+    for module in model.modules():
+        if not isinstance(module, bnb.nn.Linear4bit):
+            continue
+        blocksize = module.weight.quant_state.blocksize
+        if module.out_features % CPU_PACKED_4BIT_BLOCK_N or module.in_features % blocksize:
+            module.support_avx512bf16_for_cpu = False
 
 
 def _source(spec: ModelSpec) -> str:

@@ -50,13 +50,14 @@ class ActorRecipe:
             self.spec, self.threads, self.batch_size)
 
 
-def plan_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus: float | None = None
-                ) -> tuple[ActorRecipe, int]:
+def plan_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus: float | None = None,
+                num_cpus: float | None = None) -> tuple[ActorRecipe, int]:
     """The per-actor recipe and actor count (default: one per GPU when scoring on GPUs, else one).
 
     CPU actors split the cluster's CPUs between them (and set torch's threads to match), so two actors on a
     two-core laptop each get one core instead of fighting over both. GPU actors reserve only a fraction of a CPU
-    so that a node with few CPUs per GPU cannot deadlock.
+    so that a node with few CPUs per GPU cannot deadlock. `num_cpus` overrides both, so that actors for
+    different models (a sweep) can share a machine instead of each claiming all of it.
     """
     resources = ray.cluster_resources()
     gpus_total = resources.get("GPU", 0)
@@ -71,13 +72,15 @@ def plan_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus
     else:
         cpus = max(0.01, resources.get("CPU", 1) / n)
         threads = max(1, int(cpus))
+    if num_cpus is not None:
+        cpus, threads = num_cpus, max(1, int(num_cpus))
     return ActorRecipe(spec, batch_size, cpus, num_gpus, threads), n
 
 
-def start_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus: float | None = None
-                 ) -> list[ActorHandle]:
+def start_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus: float | None = None,
+                 num_cpus: float | None = None) -> list[ActorHandle]:
     """Start n actors as `plan_actors` sizes them and wait until their models load."""
-    recipe, n = plan_actors(spec, n, batch_size, num_gpus)
+    recipe, n = plan_actors(spec, n, batch_size, num_gpus, num_cpus)
     actors = [recipe.start() for _ in range(n)]
     try:
         ray.get([a.ready.remote() for a in actors])

@@ -1,0 +1,116 @@
+"""Running a sweep: one model-resident actor per model, which runs every point for that model before release.
+
+Each model gets a driver thread that starts its actor(s), evaluates its points one after another on them and
+kills them; Ray places the actors, so models run side by side as far as GPUs (or CPUs) allow and queue
+otherwise. A point whose results.json exists is skipped, and a model with nothing left to run is never loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+
+from raylm.errors import RaylmError
+from raylm.evaluate import evaluate
+from raylm.model_loading import check_model_path
+from raylm.plots import write_reports
+from raylm.report import prepare_output, write_atomic, write_results, write_samples
+from raylm.runtime import connect, start_actors
+from raylm.sweep_config import Sweep, SweepModel, SweepPoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelRun:
+    """What happened to one model in this invocation: how often it was loaded, by which processes, for what."""
+
+    loads: int = 0
+    actor_pids: list[int] = field(default_factory=list)
+    points_run: list[str] = field(default_factory=list)
+    points_skipped: list[str] = field(default_factory=list)
+
+
+def point_dir(out: Path, model: SweepModel, point: SweepPoint) -> Path:
+    return out / model.name / point.name
+
+
+def run_sweep(sweep: Sweep, out: Path) -> dict[str, ModelRun]:
+    """Run every unfinished point, then write the summaries and plots over all points (old and new)."""
+    prepare_output(out)
+    for model in sweep.models:
+        check_model_path(model.spec)
+    runs = {m.name: ModelRun() for m in sweep.models}
+    todo: dict[str, list[SweepPoint]] = {}
+    for model in sweep.models:
+        for point in sweep.points:
+            if (point_dir(out, model, point) / "results.json").is_file():
+                runs[model.name].points_skipped.append(point.name)
+            else:
+                todo.setdefault(model.name, []).append(point)
+    errors = _run_models(sweep, todo, out, runs) if todo else []
+    _write_manifest(out, runs)
+    if errors:
+        raise errors[0]
+    write_reports(sweep, out)
+    return runs
+
+
+def _run_models(sweep: Sweep, todo: dict[str, list[SweepPoint]], out: Path, runs: dict[str, ModelRun]
+                ) -> list[BaseException]:
+    """Every model's unfinished points, models side by side; a failing model does not stop the others."""
+    connect()
+    num_cpus = _cpus_per_actor(sweep, len(todo))
+    models = {m.name: m for m in sweep.models}
+    with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="sweep") as pool:
+        futures = [pool.submit(_run_model, sweep, models[name], points, out, runs[name], num_cpus)
+                   for name, points in todo.items()]
+    return [f.exception() for f in futures if f.exception() is not None]
+
+
+def _cpus_per_actor(sweep: Sweep, models: int) -> float | None:
+    """CPU actors of different models share the machine's CPUs (else the first would claim them all and the
+    models would run one after another); GPU actors keep runtime's fractional-CPU default."""
+    if sweep.num_cpus is not None:
+        return sweep.num_cpus
+    resources = ray.cluster_resources()
+    on_gpu = sweep.num_gpus or (resources.get("GPU", 0) and all(m.spec.device != "cpu" for m in sweep.models))
+    if on_gpu:
+        return None
+    return max(1.0, math.floor(resources.get("CPU", 1) / (models * sweep.actors_per_model)))
+
+
+def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], out: Path, run: ModelRun,
+               num_cpus: float | None) -> None:
+    actors = start_actors(model.spec, sweep.actors_per_model, None, sweep.num_gpus, num_cpus)
+    run.loads += len(actors)
+    try:
+        run.actor_pids = ray.get([a.ready.remote() for a in actors])
+        for point in points:
+            ray.get([a.set_batch_size.remote(point.batch_size) for a in actors])
+            result = evaluate(sweep.config(model, point), actors)
+            result.extra["sweep"] = {"file": str(sweep.source), "model": model.name, "point": point.name,
+                                     "actor_pids": run.actor_pids}
+            where = point_dir(out, model, point)
+            # results.json marks a finished point for resuming, so it is written last.
+            write_samples(where, result)
+            write_results(where, result)
+            run.points_run.append(point.name)
+            log.info("sweep: %s / %s done", model.name, point.name)
+    except RaylmError as e:
+        raise RaylmError(f"{model.name}: {e}") from e
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
+def _write_manifest(out: Path, runs: dict[str, ModelRun]) -> None:
+    """sweep.json: per model, the loads and actor processes of this invocation (the proof of one load each)."""
+    data = {name: vars(run) for name, run in runs.items()}
+    write_atomic(out / "sweep.json", json.dumps(data, indent=2).encode())

@@ -1,0 +1,276 @@
+"""Sweep files (jobs/*.yaml) -> models × settings points, with every error naming the file, line and key.
+
+The YAML is composed into nodes rather than loaded, so each value still knows the line it came from; values
+are built with yaml's safe constructor only. Settings that change the weights in memory (dtype, quantization)
+multiply the models; the rest (num_fewshot, limit, batch_size) multiply the points each model runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raylm.errors import RaylmError
+from raylm.evaluate import DEFAULT_FEWSHOT_SEED, EvalConfig
+from raylm.model_loading import DTYPES, QUANTIZATIONS, ModelSpec, looks_local
+from raylm.tasks import TASKS
+
+PACKAGED = "raylm:demo"  # the packaged stories260K model (as a model path) or the packaged data (as data_dir)
+DEMO = resources.files("raylm") / "demo"
+TOP_KEYS = ("models", "tasks", "settings", "data_dir", "seed", "device", "actors_per_model", "num_gpus", "num_cpus")
+MODEL_KEYS = ("path", "name", "dtype", "load_in_4bit", "load_in_8bit", "revision")
+SETTING_KEYS = ("num_fewshot", "limit", "batch_size", "dtype", "quantization")
+MODEL_SETTINGS = ("dtype", "quantization")
+NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+@dataclass(frozen=True)
+class SweepModel:
+    """One set of weights in memory: a model path at one dtype and quantization; `name` is its output folder."""
+
+    name: str
+    spec: ModelSpec
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    name: str
+    num_fewshot: int
+    limit: int | None
+    batch_size: int | None
+
+
+@dataclass(frozen=True)
+class Sweep:
+    source: Path
+    models: tuple[SweepModel, ...]
+    points: tuple[SweepPoint, ...]
+    tasks: tuple[str, ...]
+    data_dir: Path | None
+    seed: int = DEFAULT_FEWSHOT_SEED
+    actors_per_model: int = 1
+    num_gpus: float | None = None
+    num_cpus: float | None = None
+
+    def config(self, model: SweepModel, point: SweepPoint) -> EvalConfig:
+        return EvalConfig(model.spec, self.tasks, self.data_dir, point.limit, point.num_fewshot, self.seed,
+                          point.batch_size, self.actors_per_model, progress=False, num_gpus=self.num_gpus)
+
+
+class _Reader:
+    """Turns nodes into checked values; every failure names the file, the node's line and the key path."""
+
+    def __init__(self, source: Path):
+        self.source = source
+
+    def fail(self, node: yaml.Node, key: str, message: str) -> RaylmError:
+        return RaylmError(f"{self.source}: line {node.start_mark.line + 1}: {key}: {message}")
+
+    def mapping(self, node: yaml.Node, key: str, allowed: tuple[str, ...]) -> dict[str, yaml.Node]:
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, key, "must be a mapping")
+        out: dict[str, yaml.Node] = {}
+        for k, v in node.value:
+            name = self.scalar(k, key)
+            where = f"{key}.{name}" if key else str(name)
+            if name not in allowed:
+                raise self.fail(k, where, f"unknown key (allowed: {', '.join(allowed)})")
+            if name in out:
+                raise self.fail(k, where, "given twice")
+            out[name] = v
+        return out
+
+    def scalar(self, node: yaml.Node, key: str) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.fail(node, key, "must be a single value")
+        return yaml.constructor.SafeConstructor().construct_object(node)
+
+    def values(self, node: yaml.Node, key: str) -> list[tuple[yaml.Node, Any]]:
+        """A scalar or a list of scalars, each with its node (so errors point at the offending item)."""
+        items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+        if not items:
+            raise self.fail(node, key, "must not be empty")
+        return [(item, self.scalar(item, key)) for item in items]
+
+    def typed(self, node: yaml.Node, key: str, kind: type | tuple[type, ...], what: str) -> Any:
+        value = self.scalar(node, key)
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds:
+            raise self.fail(node, key, f"must be {what}, got {value!r}")
+        return value
+
+
+def load_sweep(path: Path) -> Sweep:
+    """Parse and check a sweep file; relative model and data paths resolve against the file's directory."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise RaylmError(f"{path}: cannot read sweep file: {e.strerror}") from e
+    r = _Reader(path)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f"line {mark.line + 1}: " if mark else ""
+        raise RaylmError(f"{path}: {line}not valid YAML: {getattr(e, 'problem', e)}") from e
+    if root is None:
+        raise RaylmError(f"{path}: line 1: the sweep file is empty (it needs at least 'models' and 'tasks')")
+    top = r.mapping(root, "", TOP_KEYS)
+    for required in ("models", "tasks"):
+        if required not in top:
+            raise r.fail(root, required, "missing (a sweep needs 'models' and 'tasks')")
+    base = path.resolve().parent
+    grid = r.mapping(top["settings"], "settings", SETTING_KEYS) if "settings" in top else {}
+    models = _models(r, top["models"], grid, base, _device(r, top))
+    sweep = Sweep(
+        source=path, models=models, points=_points(r, grid), tasks=_tasks(r, top["tasks"]),
+        data_dir=_data_dir(r, top["data_dir"], base) if "data_dir" in top else None,
+        seed=r.typed(top["seed"], "seed", int, "an integer") if "seed" in top else DEFAULT_FEWSHOT_SEED,
+        actors_per_model=_positive(r, top, "actors_per_model", int, 1),
+        num_gpus=_positive(r, top, "num_gpus", (int, float), None, allow_zero=True),
+        num_cpus=_positive(r, top, "num_cpus", (int, float), None),
+    )
+    for model in sweep.models:
+        for point in sweep.points:
+            try:
+                sweep.config(model, point).validate()
+            except RaylmError as e:
+                raise RaylmError(f"{path}: {e}") from e
+    return sweep
+
+
+def _positive(r: _Reader, top: dict[str, yaml.Node], key: str, kind: type | tuple[type, ...], default: Any,
+              allow_zero: bool = False) -> Any:
+    if key not in top:
+        return default
+    value = r.typed(top[key], key, kind, "a number")
+    if value < 0 or value == 0 and not allow_zero:
+        raise r.fail(top[key], key, f"must be {'0 or more' if allow_zero else 'positive'}, got {value!r}")
+    return value
+
+
+def _device(r: _Reader, top: dict[str, yaml.Node]) -> str:
+    device = r.typed(top["device"], "device", str, "a string") if "device" in top else "auto"
+    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
+        raise r.fail(top["device"], "device", f"unknown device {device!r} (use auto, cpu or cuda)")
+    return device
+
+
+def _tasks(r: _Reader, node: yaml.Node) -> tuple[str, ...]:
+    tasks = []
+    for item, name in r.values(node, "tasks"):
+        if name not in TASKS:
+            raise r.fail(item, "tasks", f"unknown task {name!r} (use {', '.join(TASKS)})")
+        tasks.append(name)
+    return tuple(tasks)
+
+
+def _data_dir(r: _Reader, node: yaml.Node, base: Path) -> Path:
+    value = r.typed(node, "data_dir", str, "a directory")
+    path = Path(str(DEMO / "data")) if value == PACKAGED else (base / Path(value).expanduser()).resolve()
+    if not path.is_dir():
+        raise r.fail(node, "data_dir", f"directory '{path}' does not exist")
+    return path
+
+
+def _model_path(value: str, base: Path) -> str:
+    """The packaged demo, a directory relative to the sweep file, or else a hub id."""
+    if value == PACKAGED:
+        return str(DEMO / "models" / "stories260K-hf")
+    local = base / Path(value).expanduser()
+    # abspath, not resolve: a symlinked model keeps the name it was given.
+    return os.path.abspath(local) if looks_local(value) or local.exists() else value
+
+
+def _models(r: _Reader, node: yaml.Node, grid: dict[str, yaml.Node], base: Path, device: str
+            ) -> tuple[SweepModel, ...]:
+    if not isinstance(node, yaml.SequenceNode) or not node.value:
+        raise r.fail(node, "models", "must be a non-empty list of model paths or mappings with a 'path'")
+    dtypes = r.values(grid["dtype"], "settings.dtype") if "dtype" in grid else []
+    quants = r.values(grid["quantization"], "settings.quantization") if "quantization" in grid else []
+    for item, value in dtypes:
+        if value not in DTYPES:
+            raise r.fail(item, "settings.dtype", f"unknown dtype {value!r} (use {', '.join(DTYPES)})")
+    for item, value in quants:
+        if value not in (None, "none", *QUANTIZATIONS):
+            raise r.fail(item, "settings.quantization",
+                         f"unknown quantization {value!r} (use none, {', '.join(QUANTIZATIONS)})")
+    out: list[SweepModel] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(node.value):
+        key = f"models[{i}]"
+        spec, base_name, where = _model(r, item, key, base, device, bool(dtypes), bool(quants))
+        for dtype_value, quant_value in itertools.product([v for _, v in dtypes] or [None],
+                                                          [v for _, v in quants] or [False]):
+            variant, name = spec, base_name
+            if dtype_value is not None:
+                variant, name = replace(variant, dtype=dtype_value), f"{name}-{dtype_value}"
+            if quant_value is not False:
+                quant = None if quant_value in (None, "none") else quant_value
+                variant, name = replace(variant, quantization=quant), f"{name}-{quant or 'noquant'}"
+            if not NAME.match(name):
+                raise r.fail(where, f"{key}.name", f"{name!r} is not a usable folder name (letters, digits, . _ -)")
+            if name in seen:
+                raise r.fail(where, f"{key}.name", f"{name!r} is already used by models[{seen[name]}]; "
+                                                   "give each model a distinct 'name'")
+            seen[name] = i
+            out.append(SweepModel(name, variant))
+    return tuple(out)
+
+
+def _model(r: _Reader, item: yaml.Node, key: str, base: Path, device: str, grid_dtype: bool, grid_quant: bool
+           ) -> tuple[ModelSpec, str, yaml.Node]:
+    """One entry of `models`: its spec, its folder name before grid suffixes, and the node to blame for the name."""
+    fields = {"path": item} if isinstance(item, yaml.ScalarNode) else r.mapping(item, key, MODEL_KEYS)
+    if "path" not in fields:
+        raise r.fail(item, f"{key}.path", "missing (each model needs a hub id or a directory)")
+    spec = ModelSpec(_model_path(r.typed(fields["path"], f"{key}.path", str, "a string"), base), device=device)
+    if "revision" in fields:
+        spec = replace(spec, revision=str(r.scalar(fields["revision"], f"{key}.revision")))
+    if "dtype" in fields:
+        if grid_dtype:
+            raise r.fail(fields["dtype"], f"{key}.dtype", "also given in settings.dtype; set it in one place")
+        spec = replace(spec, dtype=r.typed(fields["dtype"], f"{key}.dtype", str, "a dtype"))
+        if spec.dtype not in DTYPES:
+            raise r.fail(fields["dtype"], f"{key}.dtype", f"unknown dtype {spec.dtype!r} (use {', '.join(DTYPES)})")
+    for bits in QUANTIZATIONS:
+        flag = f"load_in_{bits}"
+        if flag in fields and r.typed(fields[flag], f"{key}.{flag}", bool, "true or false"):
+            if grid_quant or spec.quantization:
+                raise r.fail(fields[flag], f"{key}.{flag}", "conflicts with another quantization setting; choose one")
+            spec = replace(spec, quantization=bits)
+    if "name" in fields:
+        return spec, r.typed(fields["name"], f"{key}.name", str, "a string"), fields["name"]
+    return spec, _default_name(spec), item
+
+
+def _default_name(spec: ModelSpec) -> str:
+    name = Path(spec.path).name
+    if spec.dtype != "auto":
+        name += f"-{spec.dtype}"
+    return f"{name}-{spec.quantization}" if spec.quantization else name
+
+
+def _points(r: _Reader, grid: dict[str, yaml.Node]) -> tuple[SweepPoint, ...]:
+    shots = [_count(r, n, v, "settings.num_fewshot", 0)
+             for n, v in r.values(grid["num_fewshot"], "settings.num_fewshot")] if "num_fewshot" in grid else [0]
+    limits = [None if v is None else _count(r, n, v, "settings.limit", 1)
+              for n, v in r.values(grid["limit"], "settings.limit")] if "limit" in grid else [None]
+    batches = [None if v == "auto" else _count(r, n, v, "settings.batch_size", 1)
+               for n, v in r.values(grid["batch_size"], "settings.batch_size")] if "batch_size" in grid else [None]
+    return tuple(SweepPoint(f"{k}shot-limit{limit or 'all'}-batch{batch or 'auto'}", k, limit, batch)
+                 for k, limit, batch in itertools.product(shots, limits, batches))
+
+
+def _count(r: _Reader, node: yaml.Node, value: Any, key: str, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        extra = " or 'auto'" if key.endswith("batch_size") else " or null (all)" if key.endswith("limit") else ""
+        raise r.fail(node, key, f"must be an integer >= {minimum}{extra}, got {value!r}")
+    return value

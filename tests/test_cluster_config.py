@@ -1,0 +1,39 @@
+"""cluster.yaml is a launcher config `ray up` accepts: it validates against the autoscaler's own JSON schema,
+shipped inside the installed ray package, and describes GPU workers that install raylm."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import ray
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load() -> dict:
+    return yaml.safe_load((REPO / "cluster.yaml").read_text())
+
+
+def test_cluster_yaml_matches_ray_autoscaler_schema():
+    schema = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
+    jsonschema.validate(load(), schema)
+
+
+def test_schema_check_would_catch_a_bad_config():
+    schema = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
+    config = load()
+    config["available_node_types"]["gpu_worker"]["resources"]["GPU"] = "one"
+    validator = jsonschema.Draft7Validator(schema)
+    assert any("'one' is not of type 'integer'" in e.message for e in validator.iter_errors(config))
+
+
+def test_gpu_workers_autoscale_and_install_raylm():
+    config = load()
+    types = config["available_node_types"]
+    assert config["head_node_type"] in types
+    gpu = [t for t in types.values() if t["resources"].get("GPU", 0) >= 1]
+    assert gpu and all(0 <= t["min_workers"] <= t["max_workers"] <= config["max_workers"] for t in gpu)
+    assert any("raylm" in command and "pip install" in command for command in config["setup_commands"])

@@ -1,0 +1,217 @@
+"""Sweeps on real Ray actors: every file written, each model loaded once per actor for all its points, results
+equal to a plain evaluation, resuming skips finished points, and bad sweep files name the line and key."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+import raylm.sweep
+from conftest import DATA, run_cli
+from raylm.cli import build_parser, config_from_args
+from raylm.errors import RaylmError
+from raylm.evaluate import evaluate
+from raylm.runtime import start_actors
+from raylm.sweep import run_sweep
+from raylm.sweep_config import load_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+POINTS = ("0shot-limit3-batchauto", "1shot-limit3-batchauto")
+TASKS = ("winogrande", "wikitext")
+
+
+def write_sweep(tmp_path: Path, tiny_llama: Path, tiny_gpt2: Path) -> Path:
+    (tmp_path / "models").mkdir(exist_ok=True)
+    for name, source in (("llama", tiny_llama), ("gpt2", tiny_gpt2)):
+        link = tmp_path / "models" / name
+        if not link.exists():
+            link.symlink_to(source)
+    path = tmp_path / "sweep.yaml"
+    path.write_text(f"""\
+models:
+  - path: models/llama      # relative to this file
+    dtype: float32
+  - path: models/gpt2
+    dtype: float32
+tasks: [winogrande, wikitext]
+data_dir: {DATA}
+device: cpu
+settings:
+  num_fewshot: [0, 1]
+  limit: [3]
+""")
+    return path
+
+
+class CountingStarts:
+    """Wraps start_actors so a test sees every model load the sweep asks for."""
+
+    def __init__(self):
+        self.models: list[str] = []
+
+    def __call__(self, spec, *args, **kwargs):
+        actors = start_actors(spec, *args, **kwargs)
+        self.models.extend(Path(spec.path).name for _ in actors)
+        return actors
+
+
+@pytest.fixture(scope="module")
+def swept(ray_session, tiny_llama, tiny_gpt2, tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    sweep = load_sweep(write_sweep(root, tiny_llama, tiny_gpt2))
+    starts = CountingStarts()
+    mp = pytest.MonkeyPatch()
+    mp.setattr(raylm.sweep, "start_actors", starts)
+    try:
+        runs = run_sweep(sweep, root / "out")
+    finally:
+        mp.undo()
+    return sweep, root / "out", runs, starts
+
+
+def test_sweep_writes_every_point_and_report(swept):
+    sweep, out, _, _ = swept
+    assert [m.name for m in sweep.models] == ["llama-float32", "gpt2-float32"]
+    for model in ("llama-float32", "gpt2-float32"):
+        for shots, point in enumerate(POINTS):
+            results = json.loads((out / model / point / "results.json").read_text())
+            assert set(results["results"]) == set(TASKS)
+            assert results["config"]["num_fewshot"] == shots and results["config"]["limit"] == 3
+            assert results["config"]["sweep"]["point"] == point
+            assert pq.read_table(out / model / point / "samples" / "winogrande.parquet").num_rows == 6
+    csv_lines = (out / "summary.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("model,point,dtype,quantization,num_fewshot,limit,batch_size,winogrande acc,")
+    assert len(csv_lines) == 5
+    table = (out / "summary.md").read_text().splitlines()
+    assert table[0] == "| model | point | winogrande acc | wikitext word_perplexity | wikitext bits_per_byte |"
+    assert len(table) == 6 and " ± " in table[2]
+    for png in ("metrics.png", "winogrande_norm_scores.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (out / "wikitext_norm_scores.png").exists()
+
+
+def test_each_model_loaded_once_for_all_its_points(swept):
+    _, out, runs, starts = swept
+    assert sorted(starts.models) == ["gpt2", "llama"]
+    manifest = json.loads((out / "sweep.json").read_text())
+    pids = {}
+    for model in ("llama-float32", "gpt2-float32"):
+        assert manifest[model]["loads"] == 1 and manifest[model]["points_run"] == list(POINTS)
+        used = {tuple(json.loads((out / model / p / "results.json").read_text())["config"]["sweep"]["actor_pids"])
+                for p in POINTS}
+        assert used == {tuple(manifest[model]["actor_pids"])}
+        pids[model] = used.pop()
+    assert pids["llama-float32"] != pids["gpt2-float32"]
+    assert runs["llama-float32"].loads == 1
+
+
+def test_sweep_point_equals_plain_evaluation(swept):
+    sweep, out, _, _ = swept
+    model, point = sweep.models[0], sweep.points[1]
+    cfg = sweep.config(model, point)
+    actors = start_actors(cfg.model, 1, None, num_cpus=1)
+    try:
+        plain = evaluate(cfg, actors)
+    finally:
+        ray.kill(actors[0])
+    swept_sums = json.loads((out / model.name / point.name / "results.json").read_text())["sums"]
+    assert swept_sums["winogrande"] == plain.tasks["winogrande"].sums
+    assert swept_sums["wikitext"]["nll"] == pytest.approx(plain.tasks["wikitext"].sums["nll"], rel=1e-9)
+
+
+def test_resume_runs_only_unfinished_points(swept, tiny_llama, tiny_gpt2, monkeypatch):
+    sweep, out, _, _ = swept
+    gpt2_before = {p: (out / "gpt2-float32" / p / "results.json").read_bytes() for p in POINTS}
+    (out / "llama-float32" / POINTS[1] / "results.json").unlink()
+    starts = CountingStarts()
+    monkeypatch.setattr(raylm.sweep, "start_actors", starts)
+    runs = run_sweep(sweep, out)
+    assert starts.models == ["llama"]
+    assert runs["llama-float32"].points_run == [POINTS[1]] and runs["llama-float32"].points_skipped == [POINTS[0]]
+    assert runs["gpt2-float32"].loads == 0 and runs["gpt2-float32"].points_skipped == list(POINTS)
+    assert {p: (out / "gpt2-float32" / p / "results.json").read_bytes() for p in POINTS} == gpt2_before
+    assert (out / "llama-float32" / POINTS[1] / "results.json").is_file()
+    assert len((out / "summary.csv").read_text().splitlines()) == 5
+
+
+BAD = {
+    "unknown top key": ("models: [gpt2]\ntasks: [hellaswag]\nsetings: {limit: 3}\n", "line 3: setings: unknown key"),
+    "unknown task": ("models: [gpt2]\ntasks:\n  - hellaswag\n  - arc\n", "line 4: tasks: unknown task 'arc'"),
+    "bad dtype": ("models:\n  - path: gpt2\n    dtype: fp8\ntasks: [hellaswag]\n",
+                  "line 3: models[0].dtype: unknown dtype 'fp8'"),
+    "limit zero": ("models: [gpt2]\ntasks: [hellaswag]\nsettings:\n  limit: [5, 0]\n",
+                   "line 4: settings.limit: must be an integer >= 1"),
+    "two quantizations": ("models:\n  - path: gpt2\n    load_in_4bit: true\n    load_in_8bit: true\n"
+                          "tasks: [hellaswag]\n",
+                          "line 4: models[0].load_in_8bit: conflicts with another quantization"),
+    "duplicate name": ("models:\n  - gpt2\n  - path: gpt2\ntasks: [hellaswag]\n",
+                       "line 3: models[1].name: 'gpt2' is already used by models[0]"),
+    "dtype twice": ("models:\n  - path: gpt2\n    dtype: float32\ntasks: [hellaswag]\nsettings:\n  dtype: [bfloat16]\n",
+                    "line 3: models[0].dtype: also given in settings.dtype"),
+    "missing tasks": ("models: [gpt2]\n", "line 1: tasks: missing"),
+    "not yaml": ("models: [gpt2\ntasks: [hellaswag]\n", "line 2: not valid YAML"),
+    "bad batch size": ("models: [gpt2]\ntasks: [hellaswag]\nsettings:\n  batch_size: [auto, big]\n",
+                       "line 4: settings.batch_size: must be an integer >= 1 or 'auto', got 'big'"),
+    "missing data dir": ("models: [gpt2]\ntasks: [hellaswag]\ndata_dir: nowhere\n", "line 3: data_dir: directory"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_sweep_file_names_line_and_key(tmp_path, case):
+    text, expected = BAD[case]
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(RaylmError) as error:
+        load_sweep(path)
+    assert str(error.value).startswith(f"{path}: ") and expected in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_cli_reports_a_bad_sweep_file_in_one_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(BAD["unknown task"][0])
+    proc = run_cli("sweep", str(path), "--output", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("raylm: error:")]
+    assert len(errors) == 1 and "line 4: tasks: unknown task 'arc'" in errors[0], proc.stderr[-2000:]
+    assert not (tmp_path / "out" / "summary.csv").exists()
+
+
+def test_shipped_sweeps_parse():
+    demo = load_sweep(REPO / "jobs" / "demo.yaml")
+    assert [(m.name, m.spec.dtype, m.spec.quantization) for m in demo.models] == [
+        ("stories260K-fp32", "float32", None), ("stories260K-nf4", "float32", "4bit")]
+    assert Path(demo.models[0].spec.path).is_dir() and demo.data_dir is not None and demo.data_dir.is_dir()
+    gpu = load_sweep(REPO / "jobs" / "gpu-sweep.yaml")
+    assert len(gpu.models) == 10 and {m.spec.quantization for m in gpu.models} == {None, "4bit"}
+    assert {m.spec.dtype for m in gpu.models} == {"bfloat16"} and gpu.num_gpus == 0.25
+    assert [p.num_fewshot for p in gpu.points] == [0, 5]
+
+
+def test_num_gpus_flag_reaches_the_actors_config():
+    args = build_parser().parse_args(["eval", "--demo", "--num-gpus", "0.25"])
+    cfg = config_from_args(args)
+    assert cfg.num_gpus == 0.25
+    with pytest.raises(RaylmError, match="--num-gpus must be 0 or more"):
+        replace(cfg, num_gpus=-1.0).validate()
+
+
+def test_failed_point_stops_before_summary_and_keeps_finished_points(ray_session, tiny_llama, tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(f"models: [{tiny_llama}]\ntasks: [hellaswag]\ndata_dir: {DATA}\ndevice: cpu\n"
+                    "settings:\n  num_fewshot: [0, 1]   # no HellaSwag training split here to draw shots from\n"
+                    "  limit: [2]\n")
+    sweep = load_sweep(path)
+    out = tmp_path / "out"
+    with pytest.raises(RaylmError, match=r"^tiny-llama\d*: .*hellaswag/train.jsonl: data file not found"):
+        run_sweep(sweep, out)
+    name = sweep.models[0].name
+    assert (out / name / sweep.points[0].name / "results.json").is_file()
+    assert not (out / name / sweep.points[1].name / "results.json").exists()
+    assert not (out / "summary.csv").exists() and not (out / "summary.md").exists()
+    assert json.loads((out / "sweep.json").read_text())[name]["points_run"] == [sweep.points[0].name]
