@@ -35,7 +35,7 @@ def compare(task: str, rows: int | None, model: Path, work: Path) -> tuple[list[
     if task == "wikitext":
         ours = json.loads((ray_out / "results.json").read_text())["results"][task]
         theirs = json.loads(lm_out.read_text())["results"][f"{task}_local"]
-        worst = max(abs(ours[m] / theirs[f"{m},none"] - 1) for m in PERPLEXITY_METRICS)
+        worst = max(abs(ours[f"{m},none"] / theirs[f"{m},none"] - 1) for m in PERPLEXITY_METRICS)
         check = f"{task}: metrics max relative difference {worst:.1e} ({'ok' if worst <= 1e-6 else 'over 1e-6'})"
     else:
         ours, theirs = raylm_logliks(ray_out, task), lmeval_logliks(lm_out, task)
