@@ -28,7 +28,8 @@ class ScoredShard:
 
 
 def score_shard(scorer: Scorer, kind: str, shard: pa.Table) -> ScoredShard:
-    loglik, greedy = scorer.score(shard["context"].to_pylist(), shard["continuation"].to_pylist())
+    loglik, greedy = scorer.score(shard["context"].to_pylist(), shard["continuation"].to_pylist(),
+                                  shard["doc_id"].to_pylist())
     scored = shard.drop_columns(["context", "continuation"])
     for name, column in (("loglikelihood", pa.array(loglik, pa.float64())), ("is_greedy", pa.array(greedy)),
                          ("context_tokens", pc.list_value_length(shard["context"])),

@@ -1,102 +1,158 @@
 """The scorer: plain torch, no Ray, so it can be called and tested in-process.
 
-Requests are sorted by length and packed into batches under a token budget with left padding, so every row's
-continuation ends at the last position and only those positions go through the LM head (`logits_to_keep`):
-the vocabulary projection is never paid for context positions. Token log-probs come from float32 log-softmax
-whatever the model dtype, and are summed per request in float64.
+Consecutive requests that share a token prefix (a document's endings) are packed into one row that runs the
+prefix once (raylm.prefix_packing). Rows are sorted by length and packed into batches under a token budget with
+right padding. Only the hidden states that predict continuation tokens reach the LM head: the vocabulary
+projection, as costly as the whole body for a GPT-2-sized model, is never paid for context positions. Token
+log-probs come from float32 logits whatever the model dtype, and are summed per request in float64.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
+
+from raylm.prefix_packing import PREFIX, PackedRow, pack, plan_groups
 
 log = logging.getLogger(__name__)
 
 CPU_TOKEN_BUDGET = 4096
 GPU_START_TOKEN_BUDGET = 65536
+PAD_SEGMENT = -2
 
 
 class Scorer:
     def __init__(self, model: torch.nn.Module, max_length: int, batch_size: int | None = None,
-                 token_budget: int | None = None):
+                 token_budget: int | None = None, share_prefixes: bool = True):
         """batch_size caps requests per batch (`--batch-size N`); None means "auto": fill a token budget."""
         self.model = model.eval()
         self.max_length = max_length
         self.batch_size = batch_size
+        self.share_prefixes = share_prefixes
         self.device = next(model.parameters()).device
         default_budget = GPU_START_TOKEN_BUDGET if self.device.type == "cuda" else CPU_TOKEN_BUDGET
         self.token_budget = token_budget or default_budget
-        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        head = model.get_output_embeddings()
+        if head is None:
+            raise ValueError(f"{type(model).__name__} has no output embeddings (LM head) to score with")
+        self._head = head
+        self._mask_dtype = getattr(model, "dtype", torch.float32)
 
-    def score(self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
-              ) -> tuple[np.ndarray, np.ndarray]:
-        """Loglikelihood (float64) and is-greedy for each (context, continuation) request, in input order."""
-        inputs, targets = [], []
+    def score(self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
+              doc_ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Loglikelihood (float64) and is-greedy for each (context, continuation) request, in input order.
+
+        With doc_ids, only requests of the same document share a prefix; without, any consecutive ones may.
+        """
+        inputs, n_targets, targets = [], [], []
         for context, continuation in zip(contexts, continuations):
             whole = (list(context) + list(continuation))[-(self.max_length + 1):]
             inputs.append(whole[:-1])
             targets.append(list(continuation))
+            n_targets.append(len(continuation))
         loglik = np.zeros(len(inputs), dtype=np.float64)
         greedy = np.zeros(len(inputs), dtype=bool)
-        order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))
-        pending = order
+        pending = list(range(len(inputs)))
         while pending:
-            done = 0
+            rows = self._plan(pending, inputs, n_targets, doc_ids)
+            done: set[int] = set()
             try:
-                for batch in self._batches(pending, inputs):
-                    self._score_batch(batch, inputs, targets, loglik, greedy)
-                    done += len(batch)
+                for batch in self._batches(rows):
+                    self._score_batch(batch, targets, loglik, greedy)
+                    done.update(i for row in batch for i in row.requests)
             except torch.cuda.OutOfMemoryError:
-                if self.token_budget <= max(len(inputs[i]) for i in pending[done:done + 1]):
-                    raise
+                if len(batch) == 1 and not batch[0].branched:
+                    raise  # a single request that does not fit: no smaller batch exists
                 self.token_budget //= 2
                 log.warning("out of GPU memory; halving the token budget to %d", self.token_budget)
                 torch.cuda.empty_cache()
-            pending = pending[done:]
+            pending = [i for i in pending if i not in done]
         return loglik, greedy
 
-    def _batches(self, order: list[int], inputs: list[list[int]]) -> Iterator[list[int]]:
-        """Longest first, so the first batch is the biggest and the padded width only shrinks."""
-        batch: list[int] = []
-        width = 0
-        for i in order:
-            width = max(width, len(inputs[i]))
-            full = self.batch_size is not None and len(batch) >= self.batch_size
+    def _plan(self, pending: list[int], inputs: list[list[int]], n_targets: list[int],
+              doc_ids: Sequence[int] | None) -> list[PackedRow]:
+        sub_inputs = [inputs[i] for i in pending]
+        sub_docs = [doc_ids[i] for i in pending] if doc_ids is not None else None
+        groups = plan_groups(sub_inputs, sub_docs, self.token_budget, self.batch_size, self.share_prefixes)
+        return [pack([pending[j] for j in g], inputs, n_targets) for g in groups]
+
+    def _batches(self, rows: list[PackedRow]) -> Iterator[list[PackedRow]]:
+        """Longest first, so the first batch is the biggest (an OOM shows at once) and the width only shrinks."""
+        batch: list[PackedRow] = []
+        width = requests = 0
+        for row in sorted(rows, key=lambda r: -len(r.tokens)):
+            width = max(width, len(row.tokens))
+            full = self.batch_size is not None and requests + len(row.requests) > self.batch_size
             if batch and (full or (len(batch) + 1) * width > self.token_budget):
                 yield batch
-                batch, width = [], len(inputs[i])
-            batch.append(i)
+                batch, width, requests = [], len(row.tokens), 0
+            batch.append(row)
+            requests += len(row.requests)
         if batch:
             yield batch
 
     @torch.inference_mode()
-    def _score_batch(self, batch: list[int], inputs: list[list[int]], targets: list[list[int]],
-                     loglik: np.ndarray, greedy: np.ndarray) -> None:
-        width = max(len(inputs[i]) for i in batch)
-        keep = max(len(targets[i]) for i in batch)
+    def _score_batch(self, batch: list[PackedRow], targets: list[list[int]], loglik: np.ndarray,
+                     greedy: np.ndarray) -> None:
+        width = max(len(row.tokens) for row in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long)
-        mask = torch.zeros(len(batch), width, dtype=torch.long)
-        target_ids = torch.zeros(len(batch), keep, dtype=torch.long)
-        for row, i in enumerate(batch):
-            ids[row, width - len(inputs[i]):] = torch.tensor(inputs[i])
-            mask[row, width - len(inputs[i]):] = 1
-            target_ids[row, keep - len(targets[i]):] = torch.tensor(targets[i])
-        # Explicit positions make left padding invisible to the model: each row starts at position 0.
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        kwargs = {"logits_to_keep": keep} if self._keeps_logits else {}
-        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                         position_ids=positions.to(self.device), **kwargs)
-        logits = out.logits[:, -keep:, :].float()
-        logprobs = torch.log_softmax(logits, dim=-1)
-        target_ids = target_ids.to(self.device)
-        token_lp = logprobs.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1).double().cpu().numpy()
-        hits = (logprobs.argmax(-1) == target_ids).cpu().numpy()
-        for row, i in enumerate(batch):
-            n = len(targets[i])
-            loglik[i] = token_lp[row, keep - n:].sum()
-            greedy[i] = bool(hits[row, keep - n:].all())
+        for r, row in enumerate(batch):
+            ids[r, :len(row.tokens)] = torch.tensor(row.tokens)
+        kwargs = self._branch_inputs(batch, width) if any(row.branched for row in batch) else {}
+        columns: dict[int, int] = {}  # flat (row, column) -> index among the gathered hidden states
+        picks, target_ids, owners = [], [], []
+        for r, row in enumerate(batch):
+            for request, cols in zip(row.requests, row.predict_cols):
+                for col, target in zip(cols, targets[request]):
+                    picks.append(columns.setdefault(r * width + col, len(columns)))
+                    target_ids.append(target)
+                    owners.append(request)
+        flat = torch.tensor(list(columns), device=self.device)
+        with self._head_sees_only(flat):
+            logits = self.model(input_ids=ids.to(self.device), **kwargs).logits[0].float()
+        picks_t = torch.tensor(picks, device=self.device)
+        target_t = torch.tensor(target_ids, device=self.device)
+        token_lp = logits[picks_t, target_t] - torch.logsumexp(logits, dim=-1)[picks_t]
+        hits = logits.argmax(-1)[picks_t] == target_t
+        token_lp = token_lp.double().cpu().numpy()
+        hits = hits.cpu().numpy()
+        owners_np = np.asarray(owners)
+        starts = np.flatnonzero(np.r_[True, owners_np[1:] != owners_np[:-1]])
+        loglik[owners_np[starts]] = np.add.reduceat(token_lp, starts)
+        greedy[owners_np[starts]] = np.logical_and.reduceat(hits, starts)
+
+    def _branch_inputs(self, batch: list[PackedRow], width: int) -> dict[str, torch.Tensor]:
+        """Per-branch positions and a 4D additive mask: a column sees the prefix and earlier columns of its own
+        branch. Padding columns see only padding, so no query row is fully masked."""
+        positions = torch.zeros(len(batch), width, dtype=torch.long)
+        segments = torch.full((len(batch), width), PAD_SEGMENT, dtype=torch.long)
+        for r, row in enumerate(batch):
+            positions[r, :len(row.tokens)] = torch.tensor(row.positions)
+            segments[r, :len(row.tokens)] = torch.tensor(row.segments)
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        same = segments[:, :, None] == segments[:, None, :]
+        visible = causal & (same | (segments[:, None, :] == PREFIX))
+        mask = torch.zeros(visible.shape, dtype=self._mask_dtype)
+        mask.masked_fill_(~visible, torch.finfo(self._mask_dtype).min)
+        return {"position_ids": positions.to(self.device), "attention_mask": mask[:, None].to(self.device)}
+
+    @contextmanager
+    def _head_sees_only(self, flat: torch.Tensor):
+        """Feed the LM head only the hidden states at `flat` (indices into batch x width), as one (1, N) batch.
+
+        Done as a hook on the head rather than by calling its weights directly, so the model's own head code
+        (final softcapping, logit scaling) still applies to what it returns.
+        """
+        def gather(_module, args):
+            hidden = args[0]
+            return (hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat).unsqueeze(0), *args[1:])
+
+        handle = self._head.register_forward_pre_hook(gather)
+        try:
+            yield
+        finally:
+            handle.remove()

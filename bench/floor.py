@@ -1,0 +1,91 @@
+"""How close scoring comes to the compute floor: the minimal FLOPs (each shared prefix once, the LM head only on
+positions that predict continuation tokens) over this machine's fp32 matmul rate, measured in the same run.
+
+    PYTHONPATH=$PWD python bench/floor.py --model gpt2-small --rows 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DATA, model_path, print_table  # noqa: E402
+
+from raylm.encoding import Encoder, resolve_max_length  # noqa: E402
+from raylm.evaluate import EvalConfig, build_task_requests  # noqa: E402
+from raylm.model_loading import ModelSpec, load_model, load_tokenizer  # noqa: E402
+from raylm.prefix_packing import pack, plan_groups  # noqa: E402
+from raylm.scoring import Scorer  # noqa: E402
+
+
+def matmul_rate(hidden: int, vocab: int, tokens: int = 2048, repeats: int = 3) -> float:
+    """Best fp32 FLOP/s over the shapes a forward pass is made of: projections, MLP and the LM head."""
+    best = 0.0
+    for n, k, m in ((tokens, hidden, 3 * hidden), (tokens, hidden, 4 * hidden), (tokens, 4 * hidden, hidden),
+                    (tokens // 2, hidden, vocab)):
+        a, b = torch.randn(n, k), torch.randn(k, m)
+        torch.matmul(a, b)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            torch.matmul(a, b)
+        best = max(best, 2 * n * k * m * repeats / (time.perf_counter() - start))
+    return best
+
+
+def minimal_flops(model, inputs: list[list[int]], n_targets: list[int], doc_ids: list[int]) -> tuple[float, int, int]:
+    """2 x body parameters per distinct input token, plus 2 x hidden x vocab per predicting position."""
+    groups = plan_groups(inputs, doc_ids, 1 << 30, None)
+    rows = [pack(g, inputs, n_targets) for g in groups]
+    unique = sum(len(r.tokens) for r in rows)
+    head_positions = sum(len({c for cols in r.predict_cols for c in cols}) for r in rows)
+    embeddings = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) for p in m.parameters()}
+    positional = getattr(getattr(model, "transformer", None), "wpe", None)
+    if positional is not None:
+        embeddings |= {id(p) for p in positional.parameters()}
+    body = sum(p.numel() for p in model.parameters() if id(p) not in embeddings)
+    head = model.get_output_embeddings().weight.numel()
+    return 2.0 * body * unique + 2.0 * head * head_positions, unique, head_positions
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="gpt2-small")
+    parser.add_argument("--rows", type=int, default=200)
+    parser.add_argument("--quick", action="store_true", help="20 documents")
+    parser.add_argument("--tasks", default="hellaswag")
+    args = parser.parse_args()
+    rows = 20 if args.quick else args.rows
+    spec = ModelSpec(str(model_path(args.model)), dtype="float32", device="cpu")
+    tokenizer = load_tokenizer(spec)
+    model = load_model(spec)
+    max_length = resolve_max_length(model.config, tokenizer)
+    tables, _ = build_task_requests(EvalConfig(spec, tuple(args.tasks.split(",")), DATA, limit=rows),
+                                    Encoder(tokenizer, max_length))
+    out = []
+    for task, (_, table) in tables.items():
+        contexts, continuations = table["context"].to_pylist(), table["continuation"].to_pylist()
+        doc_ids = table["doc_id"].to_pylist()
+        inputs = [(c + k)[-(max_length + 1):][:-1] for c, k in zip(contexts, continuations)]
+        flops, unique, head_positions = minimal_flops(model, inputs, [len(k) for k in continuations], doc_ids)
+        loop_tokens = sum(len(x) for x in inputs)
+        Scorer(model, max_length).score(contexts[:8], continuations[:8], doc_ids[:8])  # warm-up
+        rate_before = matmul_rate(model.config.hidden_size, model.config.vocab_size)
+        start = time.perf_counter()
+        Scorer(model, max_length).score(contexts, continuations, doc_ids)
+        scoring_s = time.perf_counter() - start
+        rate = max(rate_before, matmul_rate(model.config.hidden_size, model.config.vocab_size))
+        floor_s = flops / rate
+        out.append([task, len(contexts), loop_tokens, unique, head_positions, flops / 1e12, rate / 1e9,
+                    scoring_s, floor_s, flops / scoring_s / 1e9, scoring_s / floor_s])
+    print_table(f"{args.model}: scoring time against the compute floor ({torch.get_num_threads()} threads)",
+                ["task", "requests", "tokens (per request)", "tokens (shared once)", "head positions",
+                 "min TFLOP", "matmul GFLOP/s", "scoring s", "floor s", "achieved GFLOP/s", "time / floor"], out)
+
+
+if __name__ == "__main__":
+    main()

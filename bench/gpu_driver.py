@@ -1,0 +1,107 @@
+"""Throughput of the Scorer on one accelerator: random-init models from configs, HellaSwag rows repeated.
+
+Prints docs/s, tokens/s and model FLOPs utilisation (MFU) against a peak rate (H200 bf16 dense: 790 TFLOP/s).
+Uses only files in the repository (the packaged demo rows and tokenizer), so it runs on a bare machine.
+
+    python bench/gpu_driver.py --shape llama-1b --docs 10000
+    python bench/gpu_driver.py --device cpu --tiny --docs 20      # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from raylm.encoding import Encoder  # noqa: E402
+from raylm.model_loading import ModelSpec, load_tokenizer  # noqa: E402
+from raylm.prefix_packing import pack, plan_groups  # noqa: E402
+from raylm.requests import build_requests  # noqa: E402
+from raylm.scoring import Scorer  # noqa: E402
+from raylm.tasks import get_task  # noqa: E402
+
+DEMO = Path(str(resources.files("raylm") / "demo"))
+H200_BF16_FLOPS = 790e12
+
+
+def config(shape: str):
+    from transformers import GPT2Config, LlamaConfig
+
+    if shape == "gpt2-small":
+        return GPT2Config()
+    if shape == "llama-1b":
+        return LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                           num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=2048,
+                           tie_word_embeddings=True)
+    if shape == "llama-8b":
+        return LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                           num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=2048)
+    if shape == "tiny":
+        return LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    raise SystemExit(f"unknown --shape {shape}")
+
+
+def body_and_head_params(model) -> tuple[int, int]:
+    head = model.get_output_embeddings().weight
+    skip = {id(head), id(model.get_input_embeddings().weight)}
+    positional = getattr(getattr(model, "transformer", None), "wpe", None)
+    if positional is not None:
+        skip.add(id(positional.weight))
+    return sum(p.numel() for p in model.parameters() if id(p) not in skip), head.numel()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="gpt2-small", help="gpt2-small, llama-1b, llama-8b (or tiny)")
+    parser.add_argument("--docs", type=int, default=10_000)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--tiny", action="store_true", help="tiny Llama shape, for a CPU smoke test")
+    parser.add_argument("--peak-flops", type=float, default=H200_BF16_FLOPS)
+    args = parser.parse_args()
+    shape = "tiny" if args.tiny else args.shape
+    torch.manual_seed(0)
+    from transformers import AutoModelForCausalLM
+
+    with torch.device(args.device):
+        model = AutoModelForCausalLM.from_config(config(shape), dtype=getattr(torch, args.dtype)).eval()
+    max_length = 1024 if shape == "gpt2-small" else 2048 if shape.startswith("llama") else 512
+    tokenizer = load_tokenizer(ModelSpec(str(DEMO / "models" / "stories260K-hf")))
+    task = get_task("hellaswag")
+    sample = task.load_docs(DEMO / "data")
+    docs = [type(d)(**{**d.__dict__, "doc_id": i}) for i in range(args.docs) for d in [sample[i % len(sample)]]]
+    start = time.perf_counter()
+    table = build_requests(task, docs, Encoder(tokenizer, max_length))
+    tokenize_s = time.perf_counter() - start
+    contexts, continuations = table["context"].to_pylist(), table["continuation"].to_pylist()
+    doc_ids = table["doc_id"].to_pylist()
+
+    inputs = [(c + k)[-(max_length + 1):][:-1] for c, k in zip(contexts, continuations)]
+    rows = [pack(g, inputs, [len(k) for k in continuations]) for g in plan_groups(inputs, doc_ids, 1 << 30, None)]
+    tokens = sum(len(r.tokens) for r in rows)
+    positions = sum(len({c for cols in r.predict_cols for c in cols}) for r in rows)
+    body, head = body_and_head_params(model)
+    flops = 2.0 * body * tokens + 2.0 * head * positions
+
+    scorer = Scorer(model, max_length)
+    scorer.score(contexts[:64], continuations[:64], doc_ids[:64])  # warm-up, and the first OOM probe
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    scorer.score(contexts, continuations, doc_ids)
+    sync()
+    wall = time.perf_counter() - start
+    print(f"| {shape} | {args.dtype} | {args.docs} | {len(contexts)} | {tokenize_s:.1f} | {wall:.2f} | "
+          f"{args.docs / wall:.0f} | {tokens / wall:.0f} | {flops / wall / 1e12:.1f} | "
+          f"{100 * flops / wall / args.peak_flops:.1f}% | {scorer.token_budget} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""raylm against the naive per-ending loop (one forward pass per request), side by side, whole-command wall time.
+
+    PYTHONPATH=$PWD python bench/vs_loop.py --model gpt2-small --tasks hellaswag --rows 200
+    PYTHONPATH=$PWD python bench/vs_loop.py --model stories --tasks hellaswag,winogrande
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (DATA, model_path, print_table, raylm_cmd, raylm_logliks, max_abs_diff,  # noqa: E402
+                    same_predictions, timed)
+
+
+def naive_loop(model_dir: str, tasks: list[str], rows: int | None, out: Path) -> None:
+    """For each request: one forward pass over context + continuation, sum the continuation tokens' log-probs."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from raylm.encoding import Encoder, resolve_max_length
+    from raylm.evaluate import EvalConfig, build_task_requests
+    from raylm.model_loading import ModelSpec, load_tokenizer
+
+    spec = ModelSpec(model_dir)
+    tokenizer = load_tokenizer(spec)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    max_length = resolve_max_length(model.config, tokenizer)
+    tables, _ = build_task_requests(EvalConfig(spec, tuple(tasks), DATA, limit=rows), Encoder(tokenizer, max_length))
+    result: dict[str, dict[int, list[float]]] = {}
+    with torch.inference_mode():
+        for task, (_, table) in tables.items():
+            docs = result.setdefault(task, {})
+            for doc, context, ending in zip(table["doc_id"].to_pylist(), table["context"].to_pylist(),
+                                            table["continuation"].to_pylist()):
+                whole = (context + ending)[-(max_length + 1):]
+                logits = model(input_ids=torch.tensor([whole[:-1]])).logits[0, -len(ending):]
+                logprobs = torch.log_softmax(logits.float(), dim=-1)
+                docs.setdefault(doc, []).append(float(logprobs.gather(-1, torch.tensor(ending)[:, None]).sum()))
+    out.write_text(json.dumps(result))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="gpt2-small", help="gpt2-small (random 124M) or stories (stories260K)")
+    parser.add_argument("--tasks", default="hellaswag")
+    parser.add_argument("--rows", type=int, help="documents per task (default: all)")
+    parser.add_argument("--quick", action="store_true", help="20 documents per task")
+    parser.add_argument("--loop-only", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    rows = 20 if args.quick else args.rows
+    tasks = args.tasks.split(",")
+    model = model_path(args.model)
+    if args.loop_only:
+        naive_loop(str(model), tasks, rows, args.loop_only)
+        return
+    work = Path(tempfile.mkdtemp(prefix="raylm-vs-loop-"))
+    loop_wall = timed([sys.executable, __file__, "--model", args.model, "--tasks", args.tasks,
+                       *(["--rows", str(rows)] if rows else []), "--loop-only", str(work / "loop.json")], "loop")
+    raylm_wall = timed(raylm_cmd(model, args.tasks, rows, work / "raylm"), "raylm")
+    loop = {t: {int(d): v for d, v in docs.items()} for t, docs in json.loads((work / "loop.json").read_text()).items()}
+    n_docs = sum(len(d) for d in loop.values())
+    n_req = sum(len(v) for d in loop.values() for v in d.values())
+    checks = [f"{t}: {same_predictions(raylm_logliks(work / 'raylm', t), loop[t])}, max |dLL| "
+              f"{max_abs_diff(raylm_logliks(work / 'raylm', t), loop[t]):.1e}" for t in tasks]
+    print_table(f"{args.model}, {args.tasks}, {n_docs} docs / {n_req} requests, whole-command wall time",
+                ["tool", "wall s", "docs/s", "requests/s", "loop / tool"],
+                [["per-ending loop", loop_wall, n_docs / loop_wall, n_req / loop_wall, 1.0],
+                 ["raylm --actors 1", raylm_wall, n_docs / raylm_wall, n_req / raylm_wall, loop_wall / raylm_wall]])
+    print("\npredictions (argmax loglikelihood per doc): " + "; ".join(checks))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Shared-prefix packing against separate scoring and the float64 reference; what reaches the model and its head;
+and the token budget's halving on out-of-memory."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from conftest import DATA, STORIES
+from raylm.prefix_packing import PREFIX, pack, plan_groups
+from raylm.scoring import Scorer
+from reference import float64_copy, reference_score
+from test_scoring import real_requests
+
+
+def grouped_requests(vocab: int, max_length: int, n_docs: int, seed: int):
+    """Documents with 1-4 requests each: one context and several endings (some starting with the same tokens,
+    some contexts long enough to be left-truncated), or WinoGrande-like contexts that differ after a shared start."""
+    rnd = random.Random(seed)
+    contexts, continuations, doc_ids = [], [], []
+    for doc in range(n_docs):
+        context = [rnd.randrange(vocab) for _ in range(rnd.randint(1, max_length + 10))]
+        opener = [rnd.randrange(vocab) for _ in range(rnd.randint(0, 2))]
+        for _ in range(rnd.randint(1, 4)):
+            if rnd.random() < 0.3:
+                mine = context[:rnd.randint(1, len(context))] + [rnd.randrange(vocab)]
+                ending = [rnd.randrange(vocab) for _ in range(rnd.randint(1, 6))]
+            else:
+                mine = context
+                ending = opener + [rnd.randrange(vocab) for _ in range(rnd.randint(1, 10))]
+            contexts.append(mine)
+            continuations.append(ending)
+            doc_ids.append(doc)
+    return contexts, continuations, doc_ids
+
+
+def test_pack_lays_out_prefix_once_with_branch_positions():
+    inputs = [[5, 6, 7, 8], [5, 6, 7, 9, 10], [5, 6]]
+    row = pack([0, 1, 2], inputs, n_targets=[2, 3, 1])
+    assert row.tokens == [5, 6, 7, 8, 7, 9, 10]
+    assert row.positions == [0, 1, 2, 3, 2, 3, 4]
+    assert row.segments == [PREFIX, PREFIX, 0, 0, 1, 1, 1]
+    # Input index t predicts token t+1: request 2's only target is predicted from shared column 1.
+    assert row.predict_cols == [[2, 3], [4, 5, 6], [1]]
+
+
+def test_plan_groups_only_same_document_with_a_real_shared_prefix():
+    inputs = [[1, 2, 3, 4], [1, 2, 3, 5], [1, 9, 9, 9, 9, 9, 9, 9, 9, 9], [7, 7], [7, 7, 7]]
+    assert plan_groups(inputs, None, 100, None) == [[0, 1], [2], [3, 4]]
+    assert plan_groups(inputs, [0, 1, 1, 2, 2], 100, None) == [[0], [1], [2], [3, 4]]
+    assert plan_groups(inputs, None, 4, None) == [[0], [1], [2], [3, 4]]
+    assert plan_groups(inputs, None, 100, 1) == [[0], [1], [2], [3], [4]]
+    assert plan_groups(inputs, None, 100, None, share=False) == [[0], [1], [2], [3], [4]]
+
+
+@pytest.mark.parametrize("fixture", ["tiny_gpt2", "tiny_llama"])
+def test_shared_prefix_matches_separate_scoring_and_reference_on_random_inputs(request, fixture):
+    model = AutoModelForCausalLM.from_pretrained(request.getfixturevalue(fixture))
+    max_length = model.config.max_position_embeddings if fixture == "tiny_llama" else model.config.n_positions
+    contexts, continuations, doc_ids = grouped_requests(model.config.vocab_size, max_length, 14, seed=3)
+    shared = Scorer(model, max_length, token_budget=900).score(contexts, continuations, doc_ids)
+    alone = Scorer(model, max_length, share_prefixes=False).score(contexts, continuations)
+    np.testing.assert_allclose(shared[0], alone[0], rtol=0, atol=1e-5)
+    assert (shared[1] == alone[1]).all()
+    model64 = float64_copy(model)
+    for i, (c, k) in enumerate(zip(contexts, continuations)):
+        ref, ref_greedy = reference_score(model64, c, k, max_length)
+        assert shared[0][i] == pytest.approx(ref, rel=1e-6, abs=1e-5)
+        assert shared[1][i] == ref_greedy
+
+
+@pytest.mark.parametrize("model_dir", ["tiny_gpt2", "tiny_llama", "stories"])
+def test_shared_prefix_matches_reference_on_real_rows(request, model_dir):
+    path = STORIES if model_dir == "stories" else request.getfixturevalue(model_dir)
+    model, encoder, tables = real_requests(path, tasks=("hellaswag", "winogrande"), limit=5)
+    model64 = float64_copy(model)
+    for _, table in tables.values():
+        contexts, continuations = table["context"].to_pylist(), table["continuation"].to_pylist()
+        loglik, greedy = Scorer(model, encoder.max_length).score(contexts, continuations, table["doc_id"].to_pylist())
+        for i, (c, k) in enumerate(zip(contexts, continuations)):
+            ref, ref_greedy = reference_score(model64, c, k, encoder.max_length)
+            assert loglik[i] == pytest.approx(ref, rel=1e-6, abs=1e-5)
+            assert greedy[i] == ref_greedy
+
+
+class Counting(torch.nn.Module):
+    """Counts the tokens a forward pass sees and the hidden states the LM head sees."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.tokens = self.head_rows = 0
+        model.get_output_embeddings().register_forward_hook(self._count_head)
+
+    def _count_head(self, _module, args, _out):
+        self.head_rows += args[0].shape[0] * args[0].shape[1]
+
+    def get_output_embeddings(self):
+        return self.model.get_output_embeddings()
+
+    def forward(self, input_ids, **kwargs):
+        self.tokens += int(input_ids.numel())
+        return self.model(input_ids=input_ids, **kwargs)
+
+
+def test_hellaswag_prefix_runs_once_and_head_sees_only_continuation_positions(tiny_llama):
+    """Each document's common prefix is fed once; the head sees each predicting position once."""
+    model, encoder, tables = real_requests(tiny_llama, tasks=("hellaswag",), limit=8)
+    table = tables["hellaswag"][1]
+    rows = list(zip(table["context"].to_pylist(), table["continuation"].to_pylist(), table["doc_id"].to_pylist()))
+    truncated = {d for c, k, d in rows if len(c) + len(k) > encoder.max_length + 1}
+    contexts, continuations, doc_ids = zip(*[(c, k, d) for c, k, d in rows if d not in truncated])
+    assert len(set(doc_ids)) >= 4
+    tokens = head_rows = 0
+    for doc in sorted(set(doc_ids)):
+        mine = [(c, k) for c, k, d in zip(contexts, continuations, doc_ids) if d == doc]
+        inputs = [(c + k)[:-1] for c, k in mine]
+        shared = min(next((t for t in range(len(a)) if t >= len(b) or a[t] != b[t]), len(a))
+                     for a in inputs for b in inputs)
+        tokens += shared + sum(len(x) - shared for x in inputs)
+        in_prefix = {t for x, (_, k) in zip(inputs, mine) for t in range(len(x) - len(k), len(x)) if t < shared}
+        head_rows += len(in_prefix) + sum(1 for x, (_, k) in zip(inputs, mine)
+                                          for t in range(len(x) - len(k), len(x)) if t >= shared)
+    counting = Counting(model)
+    scorer = Scorer(counting, encoder.max_length)
+    for doc in sorted(set(doc_ids)):  # one document per call: one row, so no padding is counted
+        mine = [i for i, d in enumerate(doc_ids) if d == doc]
+        scorer.score([contexts[i] for i in mine], [continuations[i] for i in mine], [doc] * len(mine))
+    assert counting.tokens == tokens
+    assert counting.head_rows == head_rows < sum(len(k) for k in continuations) + 1
+    assert tokens < sum(len(c) + len(k) - 1 for c, k in zip(contexts, continuations))
+
+
+class OutOfMemoryAbove(torch.nn.Module):
+    """Raises CUDA's out-of-memory error for any batch of more than `limit` tokens, like a small GPU would."""
+
+    def __init__(self, model, limit: int):
+        super().__init__()
+        self.model, self.limit = model, limit
+
+    def get_output_embeddings(self):
+        return self.model.get_output_embeddings()
+
+    def forward(self, input_ids, **kwargs):
+        if input_ids.numel() > self.limit:
+            raise torch.cuda.OutOfMemoryError("fake: out of memory")
+        return self.model(input_ids=input_ids, **kwargs)
+
+
+def test_out_of_memory_halves_the_budget_and_loses_nothing(tiny_llama):
+    model, encoder, tables = real_requests(tiny_llama, tasks=("hellaswag", "wikitext"), limit=6)
+    for _, table in tables.values():
+        contexts, continuations = table["context"].to_pylist(), table["continuation"].to_pylist()
+        expected = Scorer(model, encoder.max_length, token_budget=4096).score(contexts, continuations)
+        scorer = Scorer(OutOfMemoryAbove(model, 600), encoder.max_length, token_budget=4096)
+        got = scorer.score(contexts, continuations)
+        assert scorer.token_budget == 512
+        np.testing.assert_allclose(got[0], expected[0], rtol=0, atol=1e-5)
+        assert (got[1] == expected[1]).all()
+
+
+def test_out_of_memory_on_a_single_request_is_raised(tiny_llama):
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    scorer = Scorer(OutOfMemoryAbove(model, 10), 128, token_budget=4096)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        scorer.score([[1] * 20], [[5, 6]])
