@@ -51,15 +51,33 @@ def tiny_llama(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def ray_session():
-    """One small local Ray for the whole test session; ray.init costs seconds here."""
+def _start_ray():
     import ray
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=128 * 1024**2,
              log_to_driver=False)
+    return ray
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One small local Ray for the whole test session; ray.init costs seconds here."""
+    ray = _start_ray()
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_restarted_after(ray_session):
+    """The session Ray, started afresh once the module is done.
+
+    A Ray Data stream that ended in an error can leave its map actors alive (holding CPUs) for as long as the
+    driver lives; a CLI run ends with its driver, but a test session's driver goes on, and later tests that
+    start actors would wait for CPUs for ever.
+    """
+    yield ray_session
+    ray_session.shutdown()
+    _start_ray()
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -53,7 +53,7 @@ def run(spec: ModelSpec, data: str, out, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def spec(tiny_llama, ray_session) -> ModelSpec:
+def spec(tiny_llama, ray_restarted_after) -> ModelSpec:
     return ModelSpec(str(tiny_llama), dtype="float32", device="cpu")
 
 
@@ -140,7 +140,9 @@ def test_kl_between_different_models_is_positive(spec, perturbed, parquet_run, t
     m = result.metrics
     assert m["kl_mean"] > 0 and all(kl > 0 for kl in docs["kl"].to_pylist())
     assert 0 < m["argmax_disagree"] < 1
-    assert m["token_perplexity_p"] == pytest.approx(ppl.metrics["token_perplexity"], rel=1e-9)
+    # P's perplexity comes from the KL scorer's own forward pass, ppl's from the shared-prefix Scorer: the same
+    # float32 model through different kernels, so they agree to float32 rounding, not bit for bit.
+    assert m["token_perplexity_p"] == pytest.approx(ppl.metrics["token_perplexity"], rel=1e-6)
     assert m["token_perplexity_q"] != pytest.approx(m["token_perplexity_p"], rel=1e-6)
 
 
