@@ -64,7 +64,7 @@ def main() -> None:
     actors = start_actors(spec, 1, None)
     actor_start_s = time.perf_counter() - start
     start = time.perf_counter()
-    remote = run_shards(actors, shards, progress=False)
+    remote = run_shards(actors, shards, progress=False).results
     ray_s = time.perf_counter() - start
     same = all(a.table["loglikelihood"].equals(b.table["loglikelihood"]) for a, b in zip(local, remote))
 
