@@ -3,7 +3,8 @@
 lm-eval runs through shared/golden/make/lmeval_ref.py, the script (and local task yamls) that made the golden
 values; it needs the `bench` extra (pip install -e .[bench]).
 
-    PYTHONPATH=$PWD python bench/vs_lmeval.py --model gpt2-small --rows 200 --wikitext-pages 8
+    PYTHONPATH=$PWD python bench/vs_lmeval.py --model gpt2-small --rows 200 --tasks hellaswag
+    PYTHONPATH=$PWD python bench/vs_lmeval.py --model stories --rows 0 --tasks hellaswag+winogrande,wikitext
 """
 
 from __future__ import annotations
@@ -26,43 +27,52 @@ def lmeval_logliks(out: Path, task: str) -> dict[int, list[float]]:
     return {int(s["doc_id"]): [float(x) for x in s["loglikelihood"]] for s in samples}
 
 
-def compare(task: str, rows: int | None, model: Path, work: Path) -> tuple[list[object], list[object], str]:
-    lm_out = work / f"lmeval-{task}.json"
-    lm_wall = timed([sys.executable, str(LMEVAL_REF), str(model), task, str(lm_out), "--batch-size", "auto",
-                     *(["--limit", str(rows)] if rows else [])], f"lm-eval {task}")
-    ray_out = work / f"raylm-{task}"
-    ray_wall = timed(raylm_cmd(model, task, rows, ray_out), f"raylm {task}")
-    if task == "wikitext":
-        ours = json.loads((ray_out / "results.json").read_text())["results"][task]
-        theirs = json.loads(lm_out.read_text())["results"][f"{task}_local"]
-        worst = max(abs(ours[f"{m},none"] / theirs[f"{m},none"] - 1) for m in PERPLEXITY_METRICS)
-        check = f"{task}: metrics max relative difference {worst:.1e} ({'ok' if worst <= 1e-6 else 'over 1e-6'})"
-    else:
-        ours, theirs = raylm_logliks(ray_out, task), lmeval_logliks(lm_out, task)
-        check = f"{task}: predictions {same_predictions(ours, theirs)}, max |dLL| {max_abs_diff(ours, theirs):.1e}"
-    label = f"{task} ({rows or 'all'} docs)"
+def compare(tasks: list[str], rows: int | None, model: Path, work: Path) -> tuple[list[object], list[object], list[str]]:
+    """One lm-eval command and one raylm command over the same tasks and rows, and what each task's check says."""
+    name = "+".join(tasks)
+    lm_out = work / f"lmeval-{name}.json"
+    lm_wall = timed([sys.executable, str(LMEVAL_REF), str(model), ",".join(tasks), str(lm_out), "--batch-size", "auto",
+                     *(["--limit", str(rows)] if rows else [])], f"lm-eval {name}")
+    ray_out = work / f"raylm-{name}"
+    ray_wall = timed(raylm_cmd(model, ",".join(tasks), rows, ray_out), f"raylm {name}")
+    checks = []
+    for task in tasks:
+        if task == "wikitext":
+            ours = json.loads((ray_out / "results.json").read_text())["results"][task]
+            theirs = json.loads(lm_out.read_text())["results"][f"{task}_local"]
+            worst = max(abs(ours[f"{m},none"] / theirs[f"{m},none"] - 1) for m in PERPLEXITY_METRICS)
+            checks.append(f"{task}: metrics max relative difference {worst:.1e} "
+                          f"({'ok' if worst <= 1e-6 else 'over 1e-6'})")
+        else:
+            ours, theirs = raylm_logliks(ray_out, task), lmeval_logliks(lm_out, task)
+            checks.append(f"{task}: predictions {same_predictions(ours, theirs)}, "
+                          f"max |dLL| {max_abs_diff(ours, theirs):.1e}")
+    label = f"{name} ({rows or 'all'} docs)"
     return ([label, "lm-eval 0.4.13", lm_wall, 1.0], [label, "raylm --actors 1", ray_wall, lm_wall / ray_wall],
-            check)
+            checks)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="gpt2-small", help="gpt2-small (random 124M) or stories (stories260K)")
-    parser.add_argument("--rows", type=int, default=200, help="HellaSwag documents")
+    parser.add_argument("--rows", type=int, default=200, help="HellaSwag (and WinoGrande) documents; 0: all")
     parser.add_argument("--wikitext-pages", type=int, help="WikiText pages (default: all 62)")
     parser.add_argument("--quick", action="store_true", help="20 HellaSwag documents, 2 WikiText pages")
-    parser.add_argument("--tasks", default="hellaswag,wikitext")
+    parser.add_argument("--tasks", default="hellaswag,wikitext",
+                        help="comma-separated; '+' joins tasks into one command per tool, e.g. hellaswag+winogrande")
     args = parser.parse_args()
-    limits = {"hellaswag": 20 if args.quick else args.rows, "wikitext": 2 if args.quick else args.wikitext_pages}
+    rows = 20 if args.quick else (args.rows or None)
+    pages = 2 if args.quick else args.wikitext_pages
     model = model_path(args.model)
     work = Path(tempfile.mkdtemp(prefix="raylm-vs-lmeval-"))
-    rows, checks = [], []
-    for task in args.tasks.split(","):
-        theirs, ours, check = compare(task, limits.get(task), model, work)
-        rows += [theirs, ours]
-        checks.append(check)
+    table, checks = [], []
+    for group in args.tasks.split(","):
+        tasks = group.split("+")
+        theirs, ours, group_checks = compare(tasks, pages if tasks == ["wikitext"] else rows, model, work)
+        table += [theirs, ours]
+        checks += group_checks
     print_table(f"{args.model}: raylm vs lm-evaluation-harness, whole-command wall time",
-                ["task", "tool", "wall s", "lm-eval / tool"], rows)
+                ["task", "tool", "wall s", "lm-eval / tool"], table)
     print("\n" + "\n".join(checks))
 
 

@@ -14,7 +14,6 @@ import glob
 import os
 
 import pyarrow.fs
-import ray.data
 
 from raylm.errors import InputError
 
@@ -61,6 +60,8 @@ def _glob_match(path: str, pattern: str) -> bool:
 def read_corpus(data: str, fmt: str = "auto", text_column: str = "text", limit_docs: int | None = None
                 ) -> ray.data.Dataset:
     """Lazily read the corpus; the column names are checked now so a wrong one fails before any model loads."""
+    import ray.data  # here, not at the top: it takes a second to import and `raylm eval` never needs it
+
     fmt = detect_format(data) if fmt == "auto" else fmt
     paths = expand_paths(data)
     try:

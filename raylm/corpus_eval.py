@@ -132,6 +132,8 @@ def actor_resources(spec: ModelSpec, n: int | None) -> tuple[int, dict[str, floa
 
 def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
     """Score the corpus, write DIR/samples/<kind>.parquet and DIR/results.json, and return the metrics."""
+    import ray.data  # see raylm.corpus.read_corpus
+
     cfg.validate()
     start = time.time()
     max_length, stride = resolve_lengths(cfg)

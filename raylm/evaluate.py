@@ -6,6 +6,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,9 +20,9 @@ from raylm.errors import RaylmError
 from raylm.metrics import choice_metrics, rolling_metrics
 from raylm.actors import ScoredShard
 from raylm.checkpoint import Checkpoint, fingerprint
-from raylm.model_loading import QUANTIZATIONS, ModelSpec, check_model_path, load_tokenizer
+from raylm.model_loading import ModelSpec, check_model_path, check_quantization, load_tokenizer
 from raylm.requests import build_requests
-from raylm.runtime import connect, plan_actors, start_actors
+from raylm.runtime import LaunchedActors, connect, plan_actors
 from raylm.scheduler import ScheduleReport, run_shards
 from raylm.shard_sums import merge
 from raylm.shards import DEFAULT_SHARD_REQUESTS, Shard, make_shards
@@ -52,6 +53,7 @@ class EvalConfig:
     output: Path | None = None  # checkpoint finished shards here and resume from them
     overwrite: bool = False  # discard results a different run left in `output`
     num_gpus: float | None = None
+    num_cpus: float | None = None  # CPUs per actor, replacements included (default: the node's CPUs shared out)
 
     def validate(self) -> None:
         for name in self.tasks:
@@ -70,8 +72,9 @@ class EvalConfig:
             raise RaylmError(f"shard size must be at least 1, got {self.shard_requests}")
         if self.num_gpus is not None and self.num_gpus < 0:
             raise RaylmError(f"--num-gpus must be 0 or more, got {self.num_gpus}")
-        if self.model.quantization is not None and self.model.quantization not in QUANTIZATIONS:
-            raise RaylmError(f"unknown quantization '{self.model.quantization}' (use {' or '.join(QUANTIZATIONS)})")
+        if self.num_cpus is not None and self.num_cpus <= 0:
+            raise RaylmError(f"CPUs per actor must be more than 0, got {self.num_cpus}")
+        check_quantization(self.model.quantization)
 
 
 @dataclass
@@ -92,14 +95,17 @@ class EvalResult:
     extra: dict[str, object] = field(default_factory=dict)
 
 
-def build_task_requests(cfg: EvalConfig, encoder: Encoder) -> tuple[dict[str, tuple[str, pa.Table]], dict[str, int]]:
-    """Every task's requests as an Arrow table, plus each task's document count before --limit."""
-    tables: dict[str, tuple[str, pa.Table]] = {}
-    originals: dict[str, int] = {}
+TaskDocs = dict[str, tuple[list, int]]  # task -> (documents to score, document count before --limit)
+
+
+def load_task_docs(cfg: EvalConfig) -> TaskDocs:
+    """Every task's documents (few-shot examples attached), read and validated before any Ray work starts, so
+    that bad data fails at once with its file, row and field."""
+    out: TaskDocs = {}
     for name in cfg.tasks:
         task = get_task(name)
         docs = task.load_docs(cfg.data_dir)
-        originals[name] = len(docs)
+        original = len(docs)
         docs = docs[: cfg.limit] if cfg.limit else docs
         if cfg.num_fewshot and task.kind == "multiple_choice":
             if task.load_fewshot_pool is None:
@@ -108,8 +114,41 @@ def build_task_requests(cfg: EvalConfig, encoder: Encoder) -> tuple[dict[str, tu
             docs = with_fewshot(task, [d for d in docs if isinstance(d, ChoiceDoc)], pool, cfg.num_fewshot, cfg.seed)
         elif cfg.num_fewshot:
             log.warning("%s is scored zero-shot: few-shot examples do not apply to rolling loglikelihood", name)
-        tables[name] = (task.kind, build_requests(task, docs, encoder))
-    return tables, originals
+        out[name] = (docs, original)
+    return out
+
+
+def encode_task_requests(docs: TaskDocs, encoder: Encoder) -> dict[str, tuple[str, pa.Table]]:
+    """Every task's requests as an Arrow table of token ids."""
+    return {name: (get_task(name).kind, build_requests(get_task(name), task_docs, encoder))
+            for name, (task_docs, _) in docs.items()}
+
+
+def build_task_requests(cfg: EvalConfig, encoder: Encoder) -> tuple[dict[str, tuple[str, pa.Table]], dict[str, int]]:
+    """Every task's requests, plus each task's document count before --limit (benchmarks and tests)."""
+    docs = load_task_docs(cfg)
+    return encode_task_requests(docs, encoder), {name: original for name, (_, original) in docs.items()}
+
+
+def driver_encoder(spec: ModelSpec) -> Encoder:
+    """The tokenizer and context length the driver tokenises with (the model's config, not its weights)."""
+    from transformers import AutoConfig
+
+    tokenizer = driver_tokenizer(spec)
+    model_config = AutoConfig.from_pretrained(spec.path, revision=spec.revision,
+                                              trust_remote_code=spec.trust_remote_code)
+    try:
+        encoder = Encoder(tokenizer, resolve_max_length(model_config, tokenizer))
+    except ValueError as e:
+        raise RaylmError(str(e)) from e
+    log.info("empty contexts and rolling windows are conditioned on token %d (%r)", encoder.prefix_token,
+             tokenizer.decode(encoder.prefix_token))
+    return encoder
+
+
+def _tokenise(spec: ModelSpec, docs: TaskDocs) -> tuple[Encoder, dict[str, tuple[str, pa.Table]]]:
+    encoder = driver_encoder(spec)
+    return encoder, encode_task_requests(docs, encoder)
 
 
 def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
@@ -123,30 +162,29 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
     cfg.validate()
     check_model_path(cfg.model)
     start = time.time()
-    tokenizer = driver_tokenizer(cfg.model)
-    from transformers import AutoConfig
-
-    model_config = AutoConfig.from_pretrained(cfg.model.path, revision=cfg.model.revision,
-                                              trust_remote_code=cfg.model.trust_remote_code)
-    try:
-        encoder = Encoder(tokenizer, resolve_max_length(model_config, tokenizer))
-    except ValueError as e:
-        raise RaylmError(str(e)) from e
-    log.info("empty contexts and rolling windows are conditioned on token %d (%r)", encoder.prefix_token,
-             tokenizer.decode(encoder.prefix_token))
-    tables, originals = build_task_requests(cfg, encoder)
-    shards = make_shards(tables, cfg.shard_requests)
-    checkpoint = None
-    if cfg.output is not None:
-        manifest = fingerprint(cfg.model, cfg.tasks, tables, shards, cfg.num_fewshot, cfg.seed, cfg.limit)
-        checkpoint = Checkpoint.open(cfg.output, manifest, cfg.overwrite)
-    scored = checkpoint.load(shards) if checkpoint else {}
-    resumed = len(scored)
-    todo = [s for s in shards if s.index not in scored]
-    report = ScheduleReport([], 0, 0, [])
-    if todo:
-        report = _score(cfg, todo, actors, checkpoint, on_shard)
-        scored.update((s.index, r) for s, r in zip(todo, report.results))
+    docs = load_task_docs(cfg)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="raylm-tokenise") as tokenising:
+        # Tokenising on a thread while Ray starts and the actors load their models: on a small machine these
+        # fixed costs are most of a short run's wall time, and they do not depend on each other.
+        encoded = tokenising.submit(_tokenise, cfg.model, docs)
+        launched = _launch(cfg) if actors is None else None
+        try:
+            encoder, tables = encoded.result()
+            shards = make_shards(tables, cfg.shard_requests)
+            checkpoint = None
+            if cfg.output is not None:
+                manifest = fingerprint(cfg.model, cfg.tasks, tables, shards, cfg.num_fewshot, cfg.seed, cfg.limit)
+                checkpoint = Checkpoint.open(cfg.output, manifest, cfg.overwrite)
+            scored = checkpoint.load(shards) if checkpoint else {}
+            resumed = len(scored)
+            todo = [s for s in shards if s.index not in scored]
+            report = ScheduleReport([], 0, 0, [])
+            if todo:
+                report = _score(cfg, todo, launched or actors, checkpoint, on_shard)
+                scored.update((s.index, r) for s, r in zip(todo, report.results))
+        finally:
+            if launched is not None:
+                launched.release()
     results = {}
     for name, (kind, requests) in tables.items():
         mine = [scored[s.index] for s in shards if s.task == name]
@@ -155,7 +193,7 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
             raise RaylmError(f"{name}: {table.num_rows} results for {requests.num_rows} requests")
         sums = merge(kind, [s.sums for s in mine])
         metrics = rolling_metrics(sums) if kind == "rolling" else choice_metrics(sums, get_task(name).choice_metrics)
-        results[name] = TaskResult(name, kind, metrics, sums, originals[name], table)
+        results[name] = TaskResult(name, kind, metrics, sums, docs[name][1], table)
     wall = time.time() - start
     extra = {"raylm_version": __version__, "shards": len(shards), "max_length": encoder.max_length,
              "requests_scored": sum(s.table.num_rows for s in todo), "shards_retried": report.retried,
@@ -172,12 +210,22 @@ def run_summary(extra: dict[str, object], wall_s: float) -> str:
             f"wall time {wall_s:.1f} s")
 
 
-def _score(cfg: EvalConfig, shards: list[Shard], actors: list[ActorHandle] | None, checkpoint: Checkpoint | None,
-           on_shard: Callable[[Shard, ScoredShard], None] | None) -> ScheduleReport:
+def _launch(cfg: EvalConfig) -> LaunchedActors:
     connect()
-    own = actors is None
-    pool = start_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus) if own else actors
-    recipe, _ = plan_actors(cfg.model, len(pool), cfg.batch_size, cfg.num_gpus)
+    recipe, n = plan_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus, cfg.num_cpus)
+    return LaunchedActors(recipe, n)
+
+
+def _score(cfg: EvalConfig, shards: list[Shard], actors: LaunchedActors | list[ActorHandle],
+           checkpoint: Checkpoint | None, on_shard: Callable[[Shard, ScoredShard], None] | None) -> ScheduleReport:
+    """Score shards on our own launched actors (released by the caller) or on a caller's list, which is kept
+    usable: a dead actor in it is swapped for its replacement."""
+    own = isinstance(actors, LaunchedActors)
+    if isinstance(actors, LaunchedActors):
+        pool, recipe = actors.wait_ready(), actors.recipe
+    else:
+        pool = actors
+        recipe, _ = plan_actors(cfg.model, len(pool), cfg.batch_size, cfg.num_gpus, cfg.num_cpus)
     spawned: list[ActorHandle] = []
 
     def replace() -> ActorHandle:
@@ -194,7 +242,7 @@ def _score(cfg: EvalConfig, shards: list[Shard], actors: list[ActorHandle] | Non
         report = run_shards(pool, shards, progress=cfg.progress, replace=replace, on_result=finished)
     finally:
         if own:
-            for actor in pool + spawned:
+            for actor in spawned:
                 ray.kill(actor)
     if not own:
         pool[:] = report.actors

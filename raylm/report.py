@@ -30,7 +30,7 @@ def results_dict(result: EvalResult) -> dict[str, Any]:
         "sums": {name: t.sums for name, t in result.tasks.items()},
         "config": {
             "model": cfg.model.path, "model_args": cfg.model.as_dict(), "dtype": cfg.model.dtype,
-            "quantization": cfg.model.quantization, "num_gpus": cfg.num_gpus,
+            "quantization": cfg.model.quantization, "num_gpus": cfg.num_gpus, "num_cpus": cfg.num_cpus,
             "tasks": list(cfg.tasks), "limit": cfg.limit, "num_fewshot": cfg.num_fewshot, "seed": cfg.seed,
             "batch_size": cfg.batch_size or "auto", "actors": cfg.actors, "data_dir": str(cfg.data_dir or "hub"),
             "wall_time_s": result.wall_s,

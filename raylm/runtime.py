@@ -77,15 +77,30 @@ def plan_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus
     return ActorRecipe(spec, batch_size, cpus, num_gpus, threads), n
 
 
+class LaunchedActors:
+    """Actors asked of Ray but maybe still loading their models, so the driver can do its own work meanwhile."""
+
+    def __init__(self, recipe: ActorRecipe, n: int):
+        self.recipe = recipe
+        self.actors = [recipe.start() for _ in range(n)]
+
+    def wait_ready(self) -> list[ActorHandle]:
+        try:
+            ray.get([a.ready.remote() for a in self.actors])
+        except ray.exceptions.RayActorError as e:
+            cause = e.cause if getattr(e, "cause", None) is not None else e
+            raise RaylmError(f"a scoring actor failed to start: {cause}") from e
+        log.info("%d scoring actor(s) ready (%s CPU, %s GPU each)", len(self.actors), self.recipe.num_cpus,
+                 self.recipe.num_gpus)
+        return list(self.actors)
+
+    def release(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+
+
 def start_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus: float | None = None,
                  num_cpus: float | None = None) -> list[ActorHandle]:
     """Start n actors as `plan_actors` sizes them and wait until their models load."""
     recipe, n = plan_actors(spec, n, batch_size, num_gpus, num_cpus)
-    actors = [recipe.start() for _ in range(n)]
-    try:
-        ray.get([a.ready.remote() for a in actors])
-    except ray.exceptions.RayActorError as e:
-        cause = e.cause if getattr(e, "cause", None) is not None else e
-        raise RaylmError(f"a scoring actor failed to start: {cause}") from e
-    log.info("%d scoring actor(s) ready (%s CPU, %s GPU each)", n, recipe.num_cpus, recipe.num_gpus)
-    return actors
+    return LaunchedActors(recipe, n).wait_ready()

@@ -20,7 +20,11 @@ from raylm.prefix_packing import PREFIX, PackedRow, pack, plan_groups
 
 log = logging.getLogger(__name__)
 
-CPU_TOKEN_BUDGET = 4096
+# On CPU a batch should keep a layer's widest activation (the MLP's) in cache: the elementwise ops between
+# matmuls go memory-bound beyond that. Measured (bench/floor.py, 2-core Xeon): GPT-2-small (MLP 3072) ran 1.5x
+# slower at 4k tokens than at 1k; stories260K (MLP 172) was fastest at 4k, per-call overhead dominating below.
+CPU_ACTIVATION_BYTES = 12 * 2**20
+CPU_TOKEN_BUDGET_MIN, CPU_TOKEN_BUDGET_MAX = 256, 4096
 GPU_START_TOKEN_BUDGET = 65536
 PAD_SEGMENT = -2
 
@@ -34,8 +38,9 @@ class Scorer:
         self.batch_size = batch_size
         self.share_prefixes = share_prefixes
         self.device = next(model.parameters()).device
-        default_budget = GPU_START_TOKEN_BUDGET if self.device.type == "cuda" else CPU_TOKEN_BUDGET
-        self.token_budget = token_budget or default_budget
+        if token_budget is None:
+            token_budget = GPU_START_TOKEN_BUDGET if self.device.type == "cuda" else cpu_token_budget(model.config)
+        self.token_budget = token_budget
         head = model.get_output_embeddings()
         if head is None:
             raise ValueError(f"{type(model).__name__} has no output embeddings (LM head) to score with")
@@ -113,13 +118,13 @@ class Scorer:
                     owners.append(request)
         flat = torch.tensor(list(columns), device=self.device)
         with self._head_sees_only(flat):
-            logits = self.model(input_ids=ids.to(self.device), **kwargs).logits[0].float()
+            logits = self.model(input_ids=ids.to(self.device), use_cache=False, **kwargs).logits[0].float()
         picks_t = torch.tensor(picks, device=self.device)
         target_t = torch.tensor(target_ids, device=self.device)
-        token_lp = logits[picks_t, target_t] - torch.logsumexp(logits, dim=-1)[picks_t]
-        hits = logits.argmax(-1)[picks_t] == target_t
-        token_lp = token_lp.double().cpu().numpy()
-        hits = hits.cpu().numpy()
+        target_logit = logits[picks_t, target_t]
+        log_normaliser, argmax = _log_normaliser_and_argmax(logits)
+        token_lp = (target_logit - log_normaliser[picks_t]).double().cpu().numpy()
+        hits = (argmax[picks_t] == target_t).cpu().numpy()
         owners_np = np.asarray(owners)
         starts = np.flatnonzero(np.r_[True, owners_np[1:] != owners_np[:-1]])
         loglik[owners_np[starts]] = np.add.reduceat(token_lp, starts)
@@ -156,3 +161,21 @@ class Scorer:
             yield
         finally:
             handle.remove()
+
+
+def cpu_token_budget(config) -> int:
+    """The largest power-of-two token count whose MLP activations fit CPU_ACTIVATION_BYTES, within bounds."""
+    width = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * config.hidden_size
+    fits = CPU_ACTIVATION_BYTES // (4 * width)
+    return max(CPU_TOKEN_BUDGET_MIN, min(CPU_TOKEN_BUDGET_MAX, 1 << max(0, fits.bit_length() - 1)))
+
+
+def _log_normaliser_and_argmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logsumexp and argmax over the vocabulary in two passes, reusing `logits` as scratch (it is overwritten).
+
+    torch.logsumexp plus argmax reads the (positions x vocabulary) logits four times and allocates a copy; on
+    CPU that was a tenth of GPT-2-small's scoring time. max() yields the argmax (first maximal index, as argmax)
+    with the maximum, and the exp-sum runs in place.
+    """
+    top, argmax = logits.max(dim=-1)
+    return top + logits.sub_(top[:, None]).exp_().sum(dim=-1).log(), argmax

@@ -11,7 +11,7 @@ import json
 import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import ray
@@ -94,7 +94,7 @@ def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], out: P
         run.actor_pids = ray.get([a.ready.remote() for a in actors])
         for point in points:
             ray.get([a.set_batch_size.remote(point.batch_size) for a in actors])
-            result = evaluate(sweep.config(model, point), actors)
+            result = evaluate(replace(sweep.config(model, point), num_cpus=num_cpus), actors)
             result.extra["sweep"] = {"file": str(sweep.source), "model": model.name, "point": point.name,
                                      "actor_pids": run.actor_pids}
             where = point_dir(out, model, point)

@@ -17,6 +17,11 @@ WG = {"sentence": "a _ b", "option1": "x", "option2": "y", "answer": "1"}
 HS_FILE, WG_FILE, WT_FILE = "hellaswag/validation.jsonl", "winogrande/dev.jsonl", "wikitext-2/test.txt"
 OTHER_RUN_MANIFEST = f"out/{CHECKPOINT_DIR}/{MANIFEST}"
 
+# Data errors stop a run before Ray is touched; model, tokenizer and checkpoint errors surface once the driver has
+# tokenised, by which time evaluate() has connected to Ray (it starts actors while tokenising). In-process, that
+# must be the test session's small Ray, not one the product would start.
+pytestmark = pytest.mark.usefixtures("ray_session")
+
 
 def write(path, content):
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -73,3 +73,45 @@ def test_every_request_counted_once(runs):
         assert len(keys) == len(set(keys))
         assert int(task.sums["docs"]) == len(set(task.scored["doc_id"].to_pylist())) == 24 or task.kind == "rolling"
     assert isinstance(result.tasks["hellaswag"].scored, pa.Table)
+
+
+def test_actors_launched_alongside_tokenising_are_released_when_tokenising_fails(ray_session, tiny_llama,
+                                                                                monkeypatch):
+    """evaluate() starts its actors while the driver tokenises; a failure there must not leave them running."""
+    import raylm.evaluate
+    from raylm.errors import RaylmError
+
+    launched = []
+
+    class Recorded(raylm.evaluate.LaunchedActors):
+        def __init__(self, *args):
+            super().__init__(*args)
+            launched.append(self)
+
+    def broken_encoder(spec):
+        raise RaylmError("tokenizer exploded")
+
+    monkeypatch.setattr(raylm.evaluate, "LaunchedActors", Recorded)
+    monkeypatch.setattr(raylm.evaluate, "driver_encoder", broken_encoder)
+    spec = ModelSpec(str(tiny_llama), dtype="float32", device="cpu")
+    with pytest.raises(RaylmError, match="tokenizer exploded"):
+        evaluate(EvalConfig(spec, ("hellaswag",), DATA, limit=2, progress=False))
+    assert len(launched) == 1 and launched[0].actors
+    for actor in launched[0].actors:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.ready.remote(), timeout=60)
+
+
+def test_bad_data_fails_before_any_actor_is_launched(ray_session, tiny_llama, tmp_path, monkeypatch):
+    import raylm.evaluate
+    from raylm.errors import InputError
+
+    def no_launch(*args):
+        raise AssertionError("an actor was launched for data that cannot be read")
+
+    monkeypatch.setattr(raylm.evaluate, "LaunchedActors", no_launch)
+    (tmp_path / "hellaswag").mkdir()
+    (tmp_path / "hellaswag" / "validation.jsonl").write_text("{oops\n")
+    spec = ModelSpec(str(tiny_llama), dtype="float32", device="cpu")
+    with pytest.raises(InputError, match="row 1: malformed JSON"):
+        evaluate(EvalConfig(spec, ("hellaswag",), tmp_path, progress=False))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from dataclasses import replace
 
 import pytest
 import ray
@@ -18,7 +19,7 @@ from raylm.errors import RaylmError
 from raylm.evaluate import EvalConfig, build_task_requests, evaluate
 from raylm.encoding import Encoder, resolve_max_length
 from raylm.model_loading import ModelSpec, load_tokenizer
-from raylm.runtime import start_actors
+from raylm.runtime import ActorRecipe, start_actors
 from raylm.scheduler import MAX_TRIES, run_shards
 from raylm.shards import make_shards
 
@@ -53,8 +54,17 @@ def assert_counted_once(result):
         assert len(keys) == len(set(keys))
 
 
-def test_sigkilled_actor_is_replaced_and_results_are_identical(ray_session, config, undisturbed):
-    actors = start_actors(config.model, 2, None)
+def test_sigkilled_actor_is_replaced_and_results_are_identical(ray_session, config, undisturbed, monkeypatch):
+    config = replace(config, num_cpus=0.5)  # replacements must keep the caller's CPU share, not the default
+    started = []
+    original_start = ActorRecipe.start
+
+    def recorded_start(recipe):
+        started.append(recipe)
+        return original_start(recipe)
+
+    monkeypatch.setattr(ActorRecipe, "start", recorded_start)
+    actors = start_actors(config.model, 2, None, num_cpus=0.5)
     pids = ray.get([a.ready.remote() for a in actors])
     killed = []
 
@@ -70,6 +80,7 @@ def test_sigkilled_actor_is_replaced_and_results_are_identical(ray_session, conf
     assert result.extra["requests_scored"] == sum(t.scored.num_rows for t in undisturbed.tasks.values())
     assert_same_results(result, undisturbed)
     assert_counted_once(result)
+    assert len(started) >= 3 and {r.num_cpus for r in started} == {0.5}
     # The caller's list lost the dead actor (and holds its replacement if that was ready before the run ended).
     assert 1 <= len(actors) <= 2 and killed[0] not in ray.get([a.ready.remote() for a in actors])
     for actor in actors:

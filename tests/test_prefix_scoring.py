@@ -92,7 +92,7 @@ class Counting(torch.nn.Module):
 
     def __init__(self, model):
         super().__init__()
-        self.model = model
+        self.model, self.config = model, model.config
         self.tokens = self.head_rows = 0
         model.get_output_embeddings().register_forward_hook(self._count_head)
 

@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import DATA
@@ -89,3 +90,25 @@ def test_batch_size_does_not_change_results(request, fixture, task):
             np.testing.assert_allclose(loglik, base_ll, rtol=1e-6, atol=1e-4)
             assert (greedy == base_greedy).all()
             assert math.fsum(loglik) == pytest.approx(math.fsum(base_ll), rel=1e-8)
+
+
+def test_log_normaliser_and_argmax_equal_torch_logsumexp_and_first_argmax():
+    from raylm.scoring import _log_normaliser_and_argmax
+
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(64, 1000, generator=generator) * 8
+    logits[5, [7, 900]] = 100.0  # a tie: argmax and max both return the first maximal index
+    expected_lse, expected_argmax = torch.logsumexp(logits, -1), logits.argmax(-1)
+    lse, argmax = _log_normaliser_and_argmax(logits.clone())
+    torch.testing.assert_close(lse, expected_lse, rtol=1e-6, atol=1e-6)
+    assert torch.equal(argmax, expected_argmax) and argmax[5] == 7
+
+
+def test_cpu_token_budget_follows_the_mlp_width():
+    from transformers import GPT2Config, LlamaConfig
+
+    from raylm.scoring import CPU_TOKEN_BUDGET_MAX, CPU_TOKEN_BUDGET_MIN, cpu_token_budget
+
+    assert cpu_token_budget(GPT2Config()) == 1024  # GPT-2-small: MLP 3072 wide
+    assert cpu_token_budget(LlamaConfig(hidden_size=64, intermediate_size=172)) == CPU_TOKEN_BUDGET_MAX
+    assert cpu_token_budget(LlamaConfig(intermediate_size=28672)) == CPU_TOKEN_BUDGET_MIN

@@ -53,10 +53,12 @@ class CountingStarts:
 
     def __init__(self):
         self.models: list[str] = []
+        self.cpus: list[float | None] = []
 
     def __call__(self, spec, *args, **kwargs):
         actors = start_actors(spec, *args, **kwargs)
         self.models.extend(Path(spec.path).name for _ in actors)
+        self.cpus.append(args[3] if len(args) > 3 else kwargs.get("num_cpus"))
         return actors
 
 
@@ -108,6 +110,15 @@ def test_each_model_loaded_once_for_all_its_points(swept):
         pids[model] = used.pop()
     assert pids["llama-float32"] != pids["gpt2-float32"]
     assert runs["llama-float32"].loads == 1
+
+
+def test_points_evaluate_with_the_cpu_share_their_actors_started_with(swept):
+    """evaluate() starts any replacement actor from the point's config, so it must carry the sweep's share."""
+    _, out, _, starts = swept
+    assert starts.cpus == [1.0, 1.0]  # two models sharing the session's 2 CPUs
+    for model in ("llama-float32", "gpt2-float32"):
+        for point in POINTS:
+            assert json.loads((out / model / point / "results.json").read_text())["config"]["num_cpus"] == 1.0
 
 
 def test_sweep_point_equals_plain_evaluation(swept):
