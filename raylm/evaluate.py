@@ -221,7 +221,7 @@ def _score(cfg: EvalConfig, shards: list[Shard], actors: LaunchedActors | list[A
     """Score shards on our own launched actors (released by the caller) or on a caller's list, which is kept
     usable: a dead actor in it is swapped for its replacement."""
     own = isinstance(actors, LaunchedActors)
-    if isinstance(actors, LaunchedActors):
+    if own:
         pool, recipe = actors.wait_ready(), actors.recipe
     else:
         pool = actors
