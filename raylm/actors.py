@@ -7,24 +7,16 @@ benchmarks) and inside an actor.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 import torch
 
-from raylm.encoding import resolve_max_length
+from raylm.encoding import config_max_length, resolve_max_length
 from raylm.model_loading import ModelSpec, load_model, load_tokenizer
 from raylm.scoring import Scorer
-from raylm.shard_sums import shard_sums
-
-
-@dataclass
-class ScoredShard:
-    table: pa.Table
-    sums: dict[str, float]
-    pid: int
+from raylm.shard_sums import ScoredShard, shard_sums
 
 
 def score_shard(scorer: Scorer, kind: str, shard: pa.Table) -> ScoredShard:
@@ -38,11 +30,18 @@ def score_shard(scorer: Scorer, kind: str, shard: pa.Table) -> ScoredShard:
     return ScoredShard(scored, shard_sums(kind, scored), os.getpid())
 
 
+def actor_max_length(spec: ModelSpec, config) -> int:
+    """The driver's context length, loading the tokenizer (up to a second of actor start-up) only when the model
+    config does not state one."""
+    stated = config_max_length(config)
+    return stated if stated is not None else resolve_max_length(config, load_tokenizer(spec))
+
+
 class ScoringActor:
     def __init__(self, spec: ModelSpec, threads: int, batch_size: int | None):
         torch.set_num_threads(threads)
         self.model = load_model(spec)
-        self.scorer = Scorer(self.model, resolve_max_length(self.model.config, load_tokenizer(spec)), batch_size)
+        self.scorer = Scorer(self.model, actor_max_length(spec, self.model.config), batch_size)
 
     def ready(self) -> int:
         """The actor's PID: proof of life once the model is loaded, and what fault-injection tests kill."""

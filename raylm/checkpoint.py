@@ -20,10 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import raylm
-from raylm.actors import ScoredShard
 from raylm.errors import RaylmError
 from raylm.model_loading import ModelSpec, looks_local
-from raylm.shard_sums import shard_sums
+from raylm.shard_sums import ScoredShard, shard_sums
 from raylm.shards import Shard
 from raylm.atomic import write_atomic
 

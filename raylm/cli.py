@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from importlib import resources
 from pathlib import Path
 
-from raylm.corpus import FORMATS as CORPUS_FORMATS
-from raylm.corpus_eval import DEFAULT_DOCS_PER_BATCH, CorpusConfig, run_corpus
+from raylm.corpus import DEFAULT_DOCS_PER_BATCH, FORMATS as CORPUS_FORMATS
 from raylm.errors import RaylmError
 from raylm.evaluate import DEFAULT_FEWSHOT_SEED, EvalConfig, evaluate
 from raylm.model_loading import DTYPES, ModelSpec
@@ -118,6 +118,8 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def run_corpus_command(args: argparse.Namespace) -> int:
+    from raylm.corpus_eval import CorpusConfig, run_corpus
+
     spec_b = ModelSpec(args.model_b, args.dtype, args.device) if args.command == "kl" else None
     cfg = CorpusConfig(ModelSpec(args.model, args.dtype, args.device), args.data, spec_b, args.fmt, args.text_column,
                        args.max_length, args.stride, args.actors, args.limit_docs, args.docs_per_batch,
@@ -157,5 +159,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def run() -> None:
+    """The `raylm` command: main(), then a prompt exit.
+
+    By the time main() returns, everything the command promises is on disk (results are written atomically)
+    and printed. Ray's atexit shutdown and the interpreter's teardown of torch, transformers and Ray took 3.5 s
+    after a 16 s demo run on 2 cores; shutting Ray down here and skipping the teardown takes about 1.2 s. The
+    explicit shutdown is what stops a Ray this process started (GCS, raylet, actors), since os._exit runs no
+    atexit handler; attached to a cluster, it only disconnects.
+    """
+    code = main()
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

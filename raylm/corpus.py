@@ -18,6 +18,7 @@ import pyarrow.fs
 from raylm.errors import InputError
 
 FORMATS = ("auto", "parquet", "jsonl", "txt")
+DEFAULT_DOCS_PER_BATCH = 32
 _SUFFIXES = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".txt": "txt"}
 
 

@@ -25,7 +25,7 @@ import ray
 from tqdm import tqdm
 
 from raylm import __version__
-from raylm.corpus import FORMATS, read_corpus
+from raylm.corpus import DEFAULT_DOCS_PER_BATCH, FORMATS, read_corpus
 from raylm.corpus_metrics import batch_sums, kl_metrics, merge_sums, ppl_metrics
 from raylm.doc_scoring import DocKL, DocPerplexity
 from raylm.encoding import resolve_max_length
@@ -36,7 +36,6 @@ from raylm.runtime import GPU_ACTOR_CPUS, connect
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DOCS_PER_BATCH = 32
 # Batch sums are folded into one every this many batches, so the driver's state stays small on any corpus.
 COLLAPSE_PARTS = 1024
 _WORKER_ERROR = re.compile(r"^raylm\.errors\.\w+: (.+)$", re.MULTILINE)

@@ -18,13 +18,12 @@ from raylm import __version__
 from raylm.encoding import Encoder, resolve_max_length
 from raylm.errors import RaylmError
 from raylm.metrics import choice_metrics, rolling_metrics
-from raylm.actors import ScoredShard
 from raylm.checkpoint import Checkpoint, fingerprint
 from raylm.model_loading import ModelSpec, check_model_path, check_quantization, load_tokenizer
 from raylm.requests import build_requests
 from raylm.runtime import LaunchedActors, connect, plan_actors
 from raylm.scheduler import ScheduleReport, run_shards
-from raylm.shard_sums import merge
+from raylm.shard_sums import ScoredShard, merge
 from raylm.shards import DEFAULT_SHARD_REQUESTS, Shard, make_shards
 from raylm.tasks import ChoiceDoc, get_task
 from raylm.tasks.base import with_fewshot

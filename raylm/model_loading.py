@@ -1,16 +1,21 @@
-"""Loading a causal LM and its tokenizer through the same `from_pretrained` path for hub ids and local dirs."""
+"""Loading a causal LM and its tokenizer through the same `from_pretrained` path for hub ids and local dirs.
+
+torch is imported where a model is loaded, not with this module: the driver needs only ModelSpec and the checks
+before it starts Ray, and `raylm eval` starts Ray while a thread imports torch and transformers to tokenise.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from raylm.errors import RaylmError
 
-DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 SAFE_WEIGHTS = "*.safetensors"
 PICKLE_WEIGHTS = "pytorch_model*.bin"
 QUANTIZATIONS = ("4bit", "8bit")
@@ -59,6 +64,8 @@ def check_model_path(spec: ModelSpec) -> None:
 
 
 def resolve_device(device: str) -> str:
+    import torch
+
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
@@ -86,7 +93,8 @@ def load_model(spec: ModelSpec) -> torch.nn.Module:
     placement = {"quantization_config": quantization_config(spec.quantization), "device_map": {"": device}} \
         if spec.quantization else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(_source(spec), revision=spec.revision, dtype=DTYPES[spec.dtype],
+        model = AutoModelForCausalLM.from_pretrained(_source(spec), revision=spec.revision,
+                                                     dtype=_torch_dtype(spec.dtype),
                                                      trust_remote_code=spec.trust_remote_code,
                                                      use_safetensors=None if spec.allow_pickle else True, **placement)
     except (OSError, ValueError) as e:
@@ -121,6 +129,8 @@ def check_quantization(quantization: str | None) -> None:
 
 def quantization_config(quantization: str):
     """bitsandbytes settings for a ModelSpec.quantization value; bitsandbytes is imported only when asked for."""
+    import torch
+
     check_quantization(quantization)
     try:
         import bitsandbytes  # noqa: F401  (transformers needs it at load time; fail here with the fix in the message)
@@ -143,6 +153,12 @@ def _avoid_unpackable_cpu_4bit(model: torch.nn.Module) -> None:
         blocksize = module.weight.quant_state.blocksize
         if module.out_features % CPU_PACKED_4BIT_BLOCK_N or module.in_features % blocksize:
             module.support_avx512bf16_for_cpu = False
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return name if name == "auto" else getattr(torch, name)
 
 
 def _source(spec: ModelSpec) -> str:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import ray
 from ray.actor import ActorHandle
 
-from raylm.actors import RemoteScoringActor
 from raylm.errors import RaylmError
 from raylm.model_loading import ModelSpec
 
@@ -45,7 +44,13 @@ class ActorRecipe:
     threads: int
 
     def start(self) -> ActorHandle:
-        """Ask Ray for a new actor; it is ready (model loaded) when its `ready()` returns."""
+        """Ask Ray for a new actor; it is ready (model loaded) when its `ready()` returns.
+
+        raylm.actors imports torch (1-2 s); importing it here rather than with this module keeps it off the
+        driver's path to ray.init, which `raylm eval` starts while its tokenising thread does that import.
+        """
+        from raylm.actors import RemoteScoringActor
+
         return RemoteScoringActor.options(num_cpus=self.num_cpus, num_gpus=self.num_gpus).remote(
             self.spec, self.threads, self.batch_size)
 

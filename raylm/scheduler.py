@@ -21,8 +21,8 @@ import ray
 from ray.actor import ActorHandle
 from tqdm import tqdm
 
-from raylm.actors import ScoredShard
 from raylm.errors import RaylmError
+from raylm.shard_sums import ScoredShard
 from raylm.shards import Shard
 
 log = logging.getLogger(__name__)

@@ -17,6 +17,15 @@ CHOICE_KEYS = ("docs", "correct", "correct_norm")
 ROLLING_KEYS = ("docs", "nll", "tokens", "words", "bytes")
 
 
+@dataclass
+class ScoredShard:
+    """What an actor sends back for one shard: its scored requests, their sums, and who scored them."""
+
+    table: pa.Table
+    sums: dict[str, float]
+    pid: int
+
+
 @dataclass(frozen=True)
 class Predictions:
     doc_id: np.ndarray

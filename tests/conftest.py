@@ -80,9 +80,10 @@ def ray_restarted_after(ray_session):
     _start_ray()
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300,
+            env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The CLI as a user runs it, in its own process (and so its own local Ray)."""
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", **(env_extra or {})}
     env.pop("RAY_ADDRESS", None)
     return subprocess.run([sys.executable, "-m", "raylm", *args], capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=timeout)

@@ -7,10 +7,9 @@ import json
 import pyarrow as pa
 import pytest
 
-from raylm.actors import ScoredShard
 from raylm.checkpoint import CHECKPOINT_DIR, MANIFEST, Checkpoint
 from raylm.errors import RaylmError
-from raylm.shard_sums import shard_sums
+from raylm.shard_sums import ScoredShard, shard_sums
 from raylm.shards import Shard
 
 REQUESTS = pa.table({"doc_id": [0, 0, 1, 1], "req_idx": [0, 1, 0, 1], "gold": [1, 1, 0, 0], "norm_len": [3, 4, 5, 6]})

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+import tempfile
 
+import psutil
 import pyarrow.parquet as pq
 import pytest
 
@@ -13,9 +17,20 @@ from conftest import DATA, run_cli
 
 def test_demo_writes_results_and_samples(tmp_path):
     out = tmp_path / "out"
-    proc = run_cli("eval", "--demo", "--limit", "10", "--actors", "2", "--shard-size", "8", "--output", str(out),
-                   "--log-samples", "--no-progress")
+    # Ray's sockets live under its temp dir and must stay under 108 characters, hence a short one of our own.
+    ray_tmp = tempfile.mkdtemp(prefix="rl-", dir="/tmp")
+    try:
+        proc = run_cli("eval", "--demo", "--limit", "10", "--actors", "2", "--shard-size", "8", "--output",
+                       str(out), "--log-samples", "--no-progress",
+                       env_extra={"RAY_TMPDIR": ray_tmp, "PYTHONUNBUFFERED": ""})  # block-buffered, as in a pipe
+        # The command exits without interpreter teardown (raylm.cli.run): the local Ray it started must be gone
+        # all the same, and everything it printed must have been flushed.
+        survivors = [p for p in psutil.process_iter(["cmdline"]) if ray_tmp in " ".join(p.info["cmdline"] or [])]
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert survivors == []
+    assert proc.stdout.rstrip().endswith(f"results written to {out / 'results.json'}")
     results = json.loads((out / "results.json").read_text())
     assert set(results["results"]) == {"hellaswag", "winogrande", "wikitext"}
     for key in ("acc,none", "acc_stderr,none", "acc_norm,none", "acc_norm_stderr,none"):
@@ -65,3 +80,13 @@ def test_bad_input_fails_with_one_line_and_no_results(tmp_path, tiny_gpt2, case)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("raylm: error:")]
     assert len(errors) == 1 and expected in errors[0], proc.stderr[-2000:]
     assert not (out / "results.json").exists()
+
+
+def test_the_eval_command_starts_ray_before_torch_is_imported():
+    """`raylm eval` starts Ray while a thread imports torch and transformers to tokenise (1-2 s on 2 cores); a
+    torch import on the way to ray.init would put that time back on the critical path."""
+    probe = ("import sys, raylm.cli, raylm.evaluate, raylm.runtime; "
+             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.activations import GELUTanh, NewGELUActivation
 
 from raylm.model_loading import ModelSpec, load_model
@@ -19,3 +21,22 @@ def test_gelu_new_runs_as_the_fused_kernel_with_the_same_outputs(tiny_gpt2):
     with torch.inference_mode():
         expected, got = plain(input_ids=ids).logits, loaded(input_ids=ids).logits
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_actor_context_length_needs_the_tokenizer_only_when_the_config_states_none(tiny_gpt2, monkeypatch):
+    import raylm.actors as actors
+    from raylm.encoding import resolve_max_length
+    from raylm.model_loading import load_tokenizer
+
+    spec = ModelSpec(str(tiny_gpt2), "float32", "cpu")
+    config = AutoConfig.from_pretrained(tiny_gpt2)
+    tokenizer = load_tokenizer(spec)
+    tokenizer.model_max_length = 77
+    loads = []
+    monkeypatch.setattr(actors, "load_tokenizer", lambda s: loads.append(s) or tokenizer)
+
+    assert actors.actor_max_length(spec, config) == resolve_max_length(config, tokenizer) == 128
+    assert loads == []
+    stateless = SimpleNamespace()  # a config with no context-length field of any name
+    assert actors.actor_max_length(spec, stateless) == resolve_max_length(stateless, tokenizer) == 77
+    assert loads == [spec]

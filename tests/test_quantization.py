@@ -64,9 +64,10 @@ def test_4bit_settings_are_nf4_double_quant_bf16_compute():
         quantization_config("3bit")
 
 
-def test_cli_flags_reach_results_json(ray_session):
+def test_cli_flags_reach_results_json(ray_session, tmp_path):
     args = build_parser().parse_args(["eval", "--demo", "--load-in-8bit", "--tasks", "winogrande", "--limit", "4",
-                                      "--device", "cpu", "--actors", "1", "--no-progress"])
+                                      "--device", "cpu", "--actors", "1", "--no-progress",
+                                      "--output", str(tmp_path / "out")])
     result = evaluate(config_from_args(args))
     config = results_dict(result)["config"]
     assert config["quantization"] == "8bit" and config["model_args"]["quantization"] == "8bit"
