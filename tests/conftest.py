@@ -54,8 +54,11 @@ def tiny_llama(tmp_path_factory) -> Path:
 def _start_ray():
     import ray
 
+    from raylm.runtime import LOCAL_SYSTEM_CONFIG
+
+    # Smaller than raylm's own local Ray, but with its worker settings, so actors run as they do for users.
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=128 * 1024**2,
-             log_to_driver=False)
+             log_to_driver=False, _system_config=LOCAL_SYSTEM_CONFIG)
     return ray
 
 
