@@ -19,8 +19,9 @@ GPU_ACTOR_CPUS = 0.5
 # Ray starts worker processes at niceness +15 so that its own processes stay responsive. On the local Ray a
 # scoring actor is the job, not a bystander: at +15 every runnable process at the driver's niceness (the driver
 # tokenising, Ray's daemons) preempts its threads, and each preemption stalls the other OpenMP threads at their
-# next barrier. On 2 cores GPT-2-small scored 12-15% faster at the driver's niceness. A system setting rather than a per-actor runtime_env (Ray's job supervisor's way) keeps the
-# prestarted workers usable: with a runtime_env each actor waited about 1.5 s more for a fresh worker process.
+# next barrier. On 2 cores GPT-2-small scored 12-15% faster at the driver's niceness. A system setting rather
+# than a per-actor runtime_env (Ray's job supervisor's way) keeps the prestarted workers usable: with a
+# runtime_env each actor waited about 1.5 s more for a fresh worker process.
 LOCAL_SYSTEM_CONFIG = {"worker_niceness": 0}
 
 
