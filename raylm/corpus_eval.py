@@ -30,7 +30,7 @@ from raylm.corpus_metrics import batch_sums, kl_metrics, merge_sums, ppl_metrics
 from raylm.doc_scoring import DocKL, DocPerplexity
 from raylm.encoding import resolve_max_length
 from raylm.errors import RaylmError
-from raylm.model_loading import ModelSpec, check_model_path, load_tokenizer
+from raylm.model_loading import ModelSpec, check_model_path, load_config, load_tokenizer
 from raylm.report import write_atomic
 from raylm.runtime import GPU_ACTOR_CPUS, connect
 
@@ -80,12 +80,9 @@ class CorpusResult:
 
 def model_max_length(spec: ModelSpec):
     """The model's tokenizer and context length, read without loading weights."""
-    from transformers import AutoConfig
-
     check_model_path(spec)
     tokenizer = load_tokenizer(spec)
-    config = AutoConfig.from_pretrained(spec.path, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
-    return tokenizer, resolve_max_length(config, tokenizer)
+    return tokenizer, resolve_max_length(load_config(spec), tokenizer)
 
 
 def check_same_tokenizer(a, b, name_a: str, name_b: str) -> None:

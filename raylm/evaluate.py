@@ -19,7 +19,7 @@ from raylm.encoding import Encoder, resolve_max_length
 from raylm.errors import RaylmError
 from raylm.metrics import choice_metrics, rolling_metrics
 from raylm.checkpoint import Checkpoint, fingerprint
-from raylm.model_loading import ModelSpec, check_model_path, check_quantization, load_tokenizer
+from raylm.model_loading import ModelSpec, check_model_path, check_quantization, load_config, load_tokenizer
 from raylm.requests import build_requests
 from raylm.runtime import LaunchedActors, connect, plan_actors
 from raylm.scheduler import ScheduleReport, run_shards
@@ -131,13 +131,9 @@ def build_task_requests(cfg: EvalConfig, encoder: Encoder) -> tuple[dict[str, tu
 
 def driver_encoder(spec: ModelSpec) -> Encoder:
     """The tokenizer and context length the driver tokenises with (the model's config, not its weights)."""
-    from transformers import AutoConfig
-
     tokenizer = driver_tokenizer(spec)
-    model_config = AutoConfig.from_pretrained(spec.path, revision=spec.revision,
-                                              trust_remote_code=spec.trust_remote_code)
     try:
-        encoder = Encoder(tokenizer, resolve_max_length(model_config, tokenizer))
+        encoder = Encoder(tokenizer, resolve_max_length(load_config(spec), tokenizer))
     except ValueError as e:
         raise RaylmError(str(e)) from e
     log.info("empty contexts and rolling windows are conditioned on token %d (%r)", encoder.prefix_token,

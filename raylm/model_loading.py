@@ -83,6 +83,18 @@ def load_tokenizer(spec: ModelSpec):
         raise RaylmError(f"could not load the tokenizer of '{spec.path}': {_first_line(e)}") from e
 
 
+def load_config(spec: ModelSpec):
+    """The model's config (its context length, its MLP width) without its weights, from the same source as
+    load_tokenizer and load_model: `~` expanded, revision and remote-code setting honoured."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(_source(spec), revision=spec.revision,
+                                          trust_remote_code=spec.trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise RaylmError(f"could not load the config of '{spec.path}': {_first_line(e)}") from e
+
+
 def load_model(spec: ModelSpec) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 

@@ -40,3 +40,16 @@ def test_actor_context_length_needs_the_tokenizer_only_when_the_config_states_no
     stateless = SimpleNamespace()  # a config with no context-length field of any name
     assert actors.actor_max_length(spec, stateless) == resolve_max_length(stateless, tokenizer) == 77
     assert loads == [spec]
+
+
+def test_driver_and_corpus_context_length_read_a_home_relative_model_dir(tiny_gpt2, tmp_path, monkeypatch):
+    """Config, tokenizer and weights all load from the same expanded path; `~/model` once reached the config
+    loader unexpanded and failed as a hub id."""
+    from raylm.corpus_eval import model_max_length
+    from raylm.evaluate import driver_encoder
+
+    (tmp_path / "model").symlink_to(tiny_gpt2, target_is_directory=True)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    spec = ModelSpec("~/model", "float32", "cpu")
+    assert driver_encoder(spec).max_length == 128
+    assert model_max_length(spec)[1] == 128
