@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (DATA, model_path, print_table, raylm_cmd, raylm_logliks, max_abs_diff,  # noqa: E402
-                    same_predictions, timed)
+from common import (DATA, model_path, print_fixed_cost_split, print_table, raylm_cmd, raylm_logliks,  # noqa: E402
+                    max_abs_diff, same_predictions, timed)
 
 
 def naive_loop(model_dir: str, tasks: list[str], rows: int | None, out: Path) -> None:
@@ -51,6 +51,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, help="documents per task (default: all)")
     parser.add_argument("--quick", action="store_true", help="20 documents per task")
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs of each tool; best of N")
+    parser.add_argument("--fixed-cost", action="store_true",
+                        help="also time each tool on 1 document per task: fixed cost vs the rest, and the ceiling")
     parser.add_argument("--loop-only", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     rows = 20 if args.quick else args.rows
@@ -60,13 +62,19 @@ def main() -> None:
         naive_loop(str(model), tasks, rows, args.loop_only)
         return
     work = Path(tempfile.mkdtemp(prefix="raylm-vs-loop-"))
-    loop_cmd = [sys.executable, __file__, "--model", args.model, "--tasks", args.tasks,
-                *(["--rows", str(rows)] if rows else []), "--loop-only", str(work / "loop.json")]
-    loop_walls, raylm_walls = [], []
+
+    def loop_cmd(n: int | None, out: str) -> list[str]:
+        return [sys.executable, __file__, "--model", args.model, "--tasks", args.tasks,
+                *(["--rows", str(n)] if n else []), "--loop-only", str(work / out)]
+
+    loop_walls, raylm_walls, loop_fixed, raylm_fixed = [], [], [], []
     for i in range(args.repeats):  # alternating, so both tools see the same moments of a noisy machine
-        loop_walls.append(timed(loop_cmd, "loop"))
+        loop_walls.append(timed(loop_cmd(rows, "loop.json"), "loop"))
         # A fresh output directory each time: reusing one would resume from the previous run's checkpoint.
         raylm_walls.append(timed(raylm_cmd(model, args.tasks, rows, work / f"raylm-{i}"), "raylm"))
+        if args.fixed_cost:
+            loop_fixed.append(timed(loop_cmd(1, "loop-1.json"), "loop, 1 doc"))
+            raylm_fixed.append(timed(raylm_cmd(model, args.tasks, 1, work / f"raylm-1-{i}"), "raylm, 1 doc"))
     loop_wall, raylm_wall = min(loop_walls), min(raylm_walls)
     loop = {t: {int(d): v for d, v in docs.items()} for t, docs in json.loads((work / "loop.json").read_text()).items()}
     n_docs = sum(len(d) for d in loop.values())
@@ -80,6 +88,9 @@ def main() -> None:
                 [["per-ending loop", loop_wall, n_docs / loop_wall, n_req / loop_wall, 1.0],
                  ["raylm --actors 1", raylm_wall, n_docs / raylm_wall, n_req / raylm_wall, loop_wall / raylm_wall]])
     print("\npredictions (argmax loglikelihood per doc): " + "; ".join(checks))
+    if args.fixed_cost:
+        print_fixed_cost_split(f"{args.model}, {args.tasks}: fixed cost (1 document per task) and the rest",
+                               "per-ending loop", loop_walls, loop_fixed, raylm_walls, raylm_fixed)
 
 
 if __name__ == "__main__":
