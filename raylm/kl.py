@@ -9,11 +9,13 @@ never inf or nan. Per-position values are summed per request in float64.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from raylm.batching import budget_batches
 
 # Two models' logits plus temporaries per kept position: a smaller budget than the Scorer's.
 CPU_TOKEN_BUDGET = 2048
@@ -48,21 +50,9 @@ class KLScorer:
             targets.append(list(continuation))
         n = len(inputs)
         out = KLScores(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.int64))
-        for batch in self._batches(sorted(range(n), key=lambda i: -len(inputs[i])), inputs):
+        for batch in budget_batches(range(n), lambda i: len(inputs[i]), self.token_budget):
             self._score_batch(batch, inputs, targets, out)
         return out
-
-    def _batches(self, order: list[int], inputs: list[list[int]]) -> Iterator[list[int]]:
-        batch: list[int] = []
-        width = 0
-        for i in order:
-            width = max(width, len(inputs[i]))
-            if batch and (len(batch) + 1) * width > self.token_budget:
-                yield batch
-                batch, width = [], len(inputs[i])
-            batch.append(i)
-        if batch:
-            yield batch
 
     @torch.inference_mode()
     def _score_batch(self, batch: list[int], inputs: list[list[int]], targets: list[list[int]],

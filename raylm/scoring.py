@@ -10,12 +10,13 @@ log-probs come from float32 logits whatever the model dtype, and are summed per 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import contextmanager
 
 import numpy as np
 import torch
 
+from raylm.batching import budget_batches
 from raylm.prefix_packing import PREFIX, PackedRow, pack, plan_groups
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,8 @@ class Scorer:
             rows = self._plan(pending, inputs, n_targets, doc_ids)
             done: set[int] = set()
             try:
-                for batch in self._batches(rows):
+                for batch in budget_batches(rows, lambda r: len(r.tokens), self.token_budget,
+                                            lambda r: len(r.requests), self.batch_size):
                     self._score_batch(batch, targets, loglik, greedy)
                     done.update(i for row in batch for i in row.requests)
             except torch.cuda.OutOfMemoryError:
@@ -84,21 +86,6 @@ class Scorer:
         sub_docs = [doc_ids[i] for i in pending] if doc_ids is not None else None
         groups = plan_groups(sub_inputs, sub_docs, self.token_budget, self.batch_size, self.share_prefixes)
         return [pack([pending[j] for j in g], inputs, n_targets) for g in groups]
-
-    def _batches(self, rows: list[PackedRow]) -> Iterator[list[PackedRow]]:
-        """Longest first, so the first batch is the biggest (an OOM shows at once) and the width only shrinks."""
-        batch: list[PackedRow] = []
-        width = requests = 0
-        for row in sorted(rows, key=lambda r: -len(r.tokens)):
-            width = max(width, len(row.tokens))
-            full = self.batch_size is not None and requests + len(row.requests) > self.batch_size
-            if batch and (full or (len(batch) + 1) * width > self.token_budget):
-                yield batch
-                batch, width, requests = [], len(row.tokens), 0
-            batch.append(row)
-            requests += len(row.requests)
-        if batch:
-            yield batch
 
     @torch.inference_mode()
     def _score_batch(self, batch: list[PackedRow], targets: list[list[int]], loglik: np.ndarray,
