@@ -5,12 +5,13 @@
 set -u
 DOCS=${DOCS:-10000}
 SHAPE_TIMEOUT=${SHAPE_TIMEOUT:-150}
+PYTHON=${PYTHON:-python3}  # the lent H200 image: python3 is the interpreter that holds PyTorch
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+"$PYTHON" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 echo "| shape | dtype | docs | requests | tokenise s | score s | docs/s | tokens/s | TFLOP/s | MFU (790) | final budget |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for shape in gpt2-small llama-1b llama-8b; do
-  timeout "$SHAPE_TIMEOUT" python bench/gpu_driver.py --shape "$shape" --docs "$DOCS" --device cuda \
+  timeout "$SHAPE_TIMEOUT" "$PYTHON" bench/gpu_driver.py --shape "$shape" --docs "$DOCS" --device cuda \
     || echo "| $shape | failed or timed out (exit $?) |"
 done
