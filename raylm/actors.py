@@ -15,6 +15,7 @@ import torch
 
 from raylm.encoding import config_max_length, resolve_max_length
 from raylm.model_loading import ModelSpec, load_model, load_tokenizer
+from raylm.runtime import DeferredStartup
 from raylm.scoring import Scorer
 from raylm.shard_sums import ScoredShard, shard_sums
 
@@ -37,14 +38,17 @@ def actor_max_length(spec: ModelSpec, config) -> int:
     return stated if stated is not None else resolve_max_length(config, load_tokenizer(spec))
 
 
-class ScoringActor:
-    def __init__(self, spec: ModelSpec, threads: int, batch_size: int | None):
+class ScoringActor(DeferredStartup):
+    """Constructed as ScoringActor(spec, threads, batch_size); a model that fails to load is reported by ready()."""
+
+    def start(self, spec: ModelSpec, threads: int, batch_size: int | None) -> None:
         torch.set_num_threads(threads)
         self.model = load_model(spec)
         self.scorer = Scorer(self.model, actor_max_length(spec, self.model.config), batch_size)
 
     def ready(self) -> int:
         """The actor's PID: proof of life once the model is loaded, and what fault-injection tests kill."""
+        self.check_started()
         return os.getpid()
 
     def set_batch_size(self, batch_size: int | None) -> None:
@@ -52,6 +56,7 @@ class ScoringActor:
         self.scorer.batch_size = batch_size
 
     def score(self, kind: str, shard: pa.Table) -> ScoredShard:
+        self.check_started()
         return score_shard(self.scorer, kind, shard)
 
 

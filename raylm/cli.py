@@ -10,7 +10,8 @@ from importlib import resources
 from pathlib import Path
 
 from raylm.corpus import DEFAULT_DOCS_PER_BATCH, FORMATS as CORPUS_FORMATS
-from raylm.errors import RaylmError
+from raylm.atomic import write_atomic
+from raylm.errors import RaylmError, RemoteError
 from raylm.evaluate import DEFAULT_FEWSHOT_SEED, EvalConfig, evaluate
 from raylm.model_loading import DTYPES, ModelSpec
 from raylm.report import format_table, prepare_output, write_results, write_samples
@@ -18,6 +19,7 @@ from raylm.shards import DEFAULT_SHARD_REQUESTS
 from raylm.tasks import TASKS
 
 DEMO = resources.files("raylm") / "demo"
+ERROR_LOG = "raylm-error.log"  # under the output directory: the remote traceback of an error raised in an actor
 
 
 def _batch_size(text: str) -> int | None:
@@ -54,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_REQUESTS, help="requests per shard")
     ev.add_argument("--no-progress", action="store_true")
     quant = ev.add_mutually_exclusive_group()
-    quant.add_argument("--load-in-4bit", action="store_true", help="nf4 weights via bitsandbytes (raylm[quant])")
-    quant.add_argument("--load-in-8bit", action="store_true", help="LLM.int8 weights via bitsandbytes (raylm[quant])")
+    quant.add_argument("--load-in-4bit", action="store_true", help="nf4 weights via bitsandbytes")
+    quant.add_argument("--load-in-8bit", action="store_true", help="LLM.int8 weights via bitsandbytes")
     ev.add_argument("--num-gpus", type=float, help="GPUs per actor; fractions pack several actors on one GPU")
     sw = sub.add_parser("sweep", help="run a sweep file: models × tasks × settings in one Ray job")
     sw.add_argument("file", type=Path, help="sweep file, e.g. jobs/demo.yaml")
@@ -140,7 +142,7 @@ def run_sweep_file(args: argparse.Namespace) -> int:
     from raylm.sweep import run_sweep
     from raylm.sweep_config import load_sweep
 
-    out = args.output or Path("raylm-sweeps") / args.file.stem
+    out = output_dir(args)
     runs = run_sweep(load_sweep(args.file), out)
     print((out / SUMMARY_MD).read_text(), end="")
     ran = sum(len(r.points_run) for r in runs.values())
@@ -149,13 +151,31 @@ def run_sweep_file(args: argparse.Namespace) -> int:
     return 0
 
 
+def output_dir(args: argparse.Namespace) -> Path:
+    if args.command == "sweep":
+        return args.output or Path("raylm-sweeps") / args.file.stem
+    return args.output
+
+
+def error_message(error: RaylmError, out: Path) -> str:
+    """The one line to print; an actor's traceback goes to a file under the output directory, named in the line."""
+    if not isinstance(error, RemoteError):
+        return str(error)
+    path = out / ERROR_LOG
+    try:
+        write_atomic(path, error.traceback.rstrip("\n").encode() + b"\n")
+    except OSError as e:
+        return f"{error} (its traceback could not be saved to {path}: {e.strerror or e})"
+    return f"{error} (full traceback in {path})"
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     try:
         return getattr(args, "run", run_eval)(args)
     except RaylmError as e:
-        print(f"raylm: error: {e}", file=sys.stderr)
+        print(f"raylm: error: {error_message(e, output_dir(args))}", file=sys.stderr)
         return 2
 
 

@@ -29,16 +29,17 @@ from raylm.corpus import DEFAULT_DOCS_PER_BATCH, FORMATS, read_corpus
 from raylm.corpus_metrics import batch_sums, kl_metrics, merge_sums, ppl_metrics
 from raylm.doc_scoring import DocKL, DocPerplexity
 from raylm.encoding import resolve_max_length
-from raylm.errors import RaylmError
+from raylm.errors import RaylmError, RemoteError
 from raylm.model_loading import ModelSpec, check_model_path, load_config, load_tokenizer
 from raylm.report import write_atomic
-from raylm.runtime import GPU_ACTOR_CPUS, connect
+from raylm.runtime import GPU_ACTOR_CPUS, connect, remote_traceback
 
 log = logging.getLogger(__name__)
 
 # Batch sums are folded into one every this many batches, so the driver's state stays small on any corpus.
 COLLAPSE_PARTS = 1024
-_WORKER_ERROR = re.compile(r"^raylm\.errors\.\w+: (.+)$", re.MULTILINE)
+# The first exception line of a remote traceback is the error the worker raised (Ray Data's own wrapping follows).
+_WORKER_ERROR = re.compile(r"^((?:\w+\.)*\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
 PROBE_TEXT = "Probe: the tokenizers of both models must encode this the same way, 0123 äöü 東京 🙂\n  end."
 
 
@@ -175,8 +176,10 @@ def _stream(scored: ray.data.Dataset, samples: Path, progress: bool) -> dict[str
         if writer:
             writer.close()
         partial.unlink(missing_ok=True)
-        error = _user_error(e)
-        if error is e:
+        if isinstance(e, RaylmError):
+            raise
+        error = _worker_error(e)
+        if error is None:
             raise
         raise error from e
     if writer:
@@ -185,16 +188,21 @@ def _stream(scored: ray.data.Dataset, samples: Path, progress: bool) -> dict[str
     return merge_sums(parts)
 
 
-def _user_error(e: Exception) -> Exception:
-    """A worker's RaylmError as a plain one-line RaylmError, else e itself.
+def _worker_error(e: Exception) -> RemoteError | None:
+    """An error a Ray Data worker raised, as one line with its remote traceback; None if `e` is not one.
 
-    Ray Data re-raises a failed batch as its own UserCodeException, keeping the worker's exception only as
-    text, so the raylm error is found by its traceback line.
+    Ray Data re-raises a failed batch as its own UserCodeException, keeping the worker's exception only as text,
+    so the error is found by its traceback line. A raylm error's message is the line to show as it is.
     """
-    if isinstance(e, RaylmError):
-        return e
-    match = _WORKER_ERROR.search(str(e))
-    return RaylmError(match.group(1)) if match else e
+    if not isinstance(e, ray.exceptions.RayError):
+        return None
+    text = remote_traceback(e)
+    match = _WORKER_ERROR.search(text)
+    if match is None:
+        return None
+    name, message = match.groups()
+    line = message if name.startswith("raylm.errors.") else f"{name.rsplit('.', 1)[-1]}: {message}"
+    return RemoteError(f"corpus scoring failed: {line}", text)
 
 
 def results_dict(result: CorpusResult) -> dict[str, Any]:

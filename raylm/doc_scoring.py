@@ -19,6 +19,7 @@ from raylm.encoding import Encoder
 from raylm.errors import InputError
 from raylm.kl import KLScorer
 from raylm.model_loading import ModelSpec, load_model, load_tokenizer
+from raylm.runtime import DeferredStartup
 from raylm.scoring import Scorer
 from raylm.windows import strided_windows
 
@@ -66,8 +67,8 @@ def window_documents(batch: pa.Table, encoder: Encoder, stride: int) -> Windowed
     return WindowedDocs(texts, tokens, contexts, continuations, np.array(owner, dtype=np.int64))
 
 
-class DocPerplexity:
-    def __init__(self, spec: ModelSpec, max_length: int, stride: int, threads: int = 0):
+class DocPerplexity(DeferredStartup):
+    def start(self, spec: ModelSpec, max_length: int, stride: int, threads: int = 0) -> None:
         if threads:
             torch.set_num_threads(threads)
         self.encoder = Encoder(load_tokenizer(spec), max_length)
@@ -75,16 +76,17 @@ class DocPerplexity:
         self.stride = stride
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        self.check_started()
         docs = window_documents(batch, self.encoder, self.stride)
         loglik, _ = self.scorer.score(docs.contexts, docs.continuations)
         nll = [-x for x in docs.per_doc(loglik)]
         return pa.table({**docs.counts(batch), "nll": pa.array(nll, pa.float64())})
 
 
-class DocKL:
+class DocKL(DeferredStartup):
     """KL(P || Q) per document, P = spec_p and Q = spec_q both resident in this one process."""
 
-    def __init__(self, spec_p: ModelSpec, spec_q: ModelSpec, max_length: int, stride: int, threads: int = 0):
+    def start(self, spec_p: ModelSpec, spec_q: ModelSpec, max_length: int, stride: int, threads: int = 0) -> None:
         if threads:
             torch.set_num_threads(threads)
         self.encoder = Encoder(load_tokenizer(spec_p), max_length)
@@ -92,6 +94,7 @@ class DocKL:
         self.stride = stride
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        self.check_started()
         docs = window_documents(batch, self.encoder, self.stride)
         scores = self.scorer.score(docs.contexts, docs.continuations)
         return pa.table({

@@ -6,11 +6,13 @@ before it starts Ray, and `raylm eval` starts Ray while a thread imports torch a
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raylm.errors import RaylmError
+from raylm.errors import RaylmError, first_line
 
 if TYPE_CHECKING:
     import torch
@@ -22,6 +24,13 @@ QUANTIZATIONS = ("4bit", "8bit")
 # bitsandbytes' packed CPU kernel for 4-bit weights needs out_features % 32 == 0 and in_features % blocksize == 0;
 # other layers (stories260K's 172-wide MLP) must take its generic path or the first forward fails.
 CPU_PACKED_4BIT_BLOCK_N = 32
+# transformers loads bitsandbytes models through accelerate's device_map; neither is imported unless asked for.
+QUANTIZATION_PACKAGES = ("bitsandbytes", "accelerate")
+# On CPUs with AVX512-BF16, importing bitsandbytes tries to fetch an optional 4-bit kernel from the Hugging Face hub
+# through the `kernels` package and warns when it cannot. Its built-in CPU kernel is what runs either way, so the
+# warning (once per actor, on every 4-bit load) tells a raylm user nothing they can act on.
+BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
+HUB_KERNEL_WARNING = "Failed to load CPU gemm_4bit_forward from kernels-community"
 
 
 @dataclass(frozen=True)
@@ -80,7 +89,7 @@ def load_tokenizer(spec: ModelSpec):
         return AutoTokenizer.from_pretrained(_source(spec), revision=spec.revision,
                                              trust_remote_code=spec.trust_remote_code)
     except (OSError, ValueError) as e:
-        raise RaylmError(f"could not load the tokenizer of '{spec.path}': {_first_line(e)}") from e
+        raise RaylmError(f"could not load the tokenizer of '{spec.path}': {first_line(e)}") from e
 
 
 def load_config(spec: ModelSpec):
@@ -92,7 +101,7 @@ def load_config(spec: ModelSpec):
         return AutoConfig.from_pretrained(_source(spec), revision=spec.revision,
                                           trust_remote_code=spec.trust_remote_code)
     except (OSError, ValueError) as e:
-        raise RaylmError(f"could not load the config of '{spec.path}': {_first_line(e)}") from e
+        raise RaylmError(f"could not load the config of '{spec.path}': {first_line(e)}") from e
 
 
 def load_model(spec: ModelSpec) -> torch.nn.Module:
@@ -110,7 +119,7 @@ def load_model(spec: ModelSpec) -> torch.nn.Module:
                                                      trust_remote_code=spec.trust_remote_code,
                                                      use_safetensors=None if spec.allow_pickle else True, **placement)
     except (OSError, ValueError) as e:
-        raise RaylmError(f"could not load model '{spec.path}': {_first_line(e)}") from e
+        raise RaylmError(f"could not load model '{spec.path}': {first_line(e)}") from e
     _use_fused_tanh_gelu(model)
     if spec.quantization:
         _avoid_unpackable_cpu_4bit(model)
@@ -134,9 +143,24 @@ def _use_fused_tanh_gelu(model: torch.nn.Module) -> None:
 
 
 def check_quantization(quantization: str | None) -> None:
-    """Refuse an unknown quantization: on the driver before any work starts, and again where a model loads."""
-    if quantization is not None and quantization not in QUANTIZATIONS:
+    """Refuse an unknown quantization, or one whose packages are missing: on the driver before Ray starts, and
+    again where a model loads."""
+    if quantization is None:
+        return
+    if quantization not in QUANTIZATIONS:
         raise RaylmError(f"unknown quantization '{quantization}' (use {' or '.join(QUANTIZATIONS)})")
+    missing = [name for name in QUANTIZATION_PACKAGES if not _importable(name)]
+    if missing:
+        raise RaylmError(f"{quantization} loading needs {' and '.join(QUANTIZATION_PACKAGES)}, which `pip install "
+                         f"raylm` brings; {', '.join(missing)} is not installed here (pip install "
+                         f"{' '.join(QUANTIZATION_PACKAGES)})")
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def quantization_config(quantization: str):
@@ -144,16 +168,18 @@ def quantization_config(quantization: str):
     import torch
 
     check_quantization(quantization)
-    try:
-        import bitsandbytes  # noqa: F401  (transformers needs it at load time; fail here with the fix in the message)
-    except ImportError as e:
-        raise RaylmError("quantised loading needs bitsandbytes: pip install 'raylm[quant]'") from e
+    logging.getLogger(BNB_CPU_LOGGER).addFilter(_drop_hub_kernel_warning)
+    import bitsandbytes  # noqa: F401  (imported now so the filter above is in place before it logs)
     from transformers import BitsAndBytesConfig
 
     if quantization == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                               bnb_4bit_compute_dtype=torch.bfloat16)
+
+
+def _drop_hub_kernel_warning(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(HUB_KERNEL_WARNING)
 
 
 def _avoid_unpackable_cpu_4bit(model: torch.nn.Module) -> None:
@@ -175,8 +201,3 @@ def _torch_dtype(name: str):
 
 def _source(spec: ModelSpec) -> str:
     return str(Path(spec.path).expanduser()) if looks_local(spec.path) else spec.path
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

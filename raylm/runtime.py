@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import ray
 from ray.actor import ActorHandle
 
-from raylm.errors import RaylmError
+from raylm.errors import RaylmError, RemoteError, first_line
 from raylm.model_loading import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -23,6 +25,7 @@ GPU_ACTOR_CPUS = 0.5
 # than a per-actor runtime_env (Ray's job supervisor's way) keeps the prestarted workers usable: with a
 # runtime_env each actor waited about 1.5 s more for a fresh worker process.
 LOCAL_SYSTEM_CONFIG = {"worker_niceness": 0}
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the function names in the remote traceback
 
 
 def connect() -> None:
@@ -100,9 +103,8 @@ class LaunchedActors:
     def wait_ready(self) -> list[ActorHandle]:
         try:
             ray.get([a.ready.remote() for a in self.actors])
-        except ray.exceptions.RayActorError as e:
-            cause = e.cause if getattr(e, "cause", None) is not None else e
-            raise RaylmError(f"a scoring actor failed to start: {cause}") from e
+        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
+            raise remote_error("a scoring actor failed to start", e) from e
         log.info("%d scoring actor(s) ready (%s CPU, %s GPU each)", len(self.actors), self.recipe.num_cpus,
                  self.recipe.num_gpus)
         return list(self.actors)
@@ -110,6 +112,55 @@ class LaunchedActors:
     def release(self) -> None:
         for actor in self.actors:
             ray.kill(actor)
+
+
+class DeferredStartup(ABC):
+    """Base of classes Ray runs as actors (scoring actors, Ray Data's corpus callables): a failure of `start()` is
+    raised by the first call to `check_started()` instead of by the constructor.
+
+    Ray prints the whole traceback of an exception raised in an actor's constructor to the driver's terminal, but
+    not one raised by a method: from a method, the error reaches the driver as a RayTaskError carrying the cause
+    and its remote traceback, which the driver turns into one line and a log file.
+    """
+
+    def __init__(self, *args: object, **kwargs: object):
+        self._startup_error: StartupError | None = None
+        try:
+            self.start(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - raised again by check_started(), with this one chained
+            line = str(e).splitlines()[0] if isinstance(e, RaylmError) and str(e) else first_line(e)
+            self._startup_error = StartupError(line)
+            self._startup_error.__cause__ = e
+
+    @abstractmethod
+    def start(self, *args: object, **kwargs: object) -> None:
+        """The constructor's work: load the model(s)."""
+
+    def check_started(self) -> None:
+        if self._startup_error is not None:
+            raise self._startup_error
+
+
+class StartupError(RaylmError):
+    """What DeferredStartup raises: the startup failure in one line, the original chained as its cause."""
+
+
+def remote_error(what: str, error: ray.exceptions.RayError) -> RemoteError:
+    """`what: cause` in one line, keeping Ray's text (the remote traceback) for the log file.
+
+    A RayTaskError carries the exception the actor raised (a RaylmError's message is already the line to show);
+    an actor that died (killed, out of memory, node lost) has only Ray's own message.
+    """
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, RaylmError):
+        line = str(cause).splitlines()[0]
+    else:
+        line = first_line(cause if isinstance(cause, BaseException) else error)
+    return RemoteError(f"{what}: {line}", remote_traceback(error))
+
+
+def remote_traceback(error: BaseException) -> str:
+    return ANSI_ESCAPE.sub("", str(error))
 
 
 def start_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus: float | None = None,

@@ -3,9 +3,10 @@
 Each actor gets up to two shards in flight, so it never idles while the driver collects the previous result.
 
 Failures are survived here and nowhere else. A shard whose actor died (killed, out of memory, node gone) goes
-back to the queue and a replacement actor is started; a shard whose scoring code raised is tried again too. A
-shard's result is kept only from the one try that returned it, so every request is counted exactly once, and a
-shard that fails `MAX_TRIES` times stops the run with one line naming it and the cause.
+back to the queue and a replacement actor is started. A shard's result is kept only from the one try that returned
+it, so every request is counted exactly once, and a shard whose actors die `MAX_TRIES` times stops the run with one
+line naming it and the cause. An exception raised by the scoring code stops the run at once: the same shard on the
+same model would raise it again.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import ray
 from ray.actor import ActorHandle
 from tqdm import tqdm
 
-from raylm.errors import RaylmError
+from raylm.errors import RaylmError, first_line
+from raylm.runtime import remote_error
 from raylm.shard_sums import ScoredShard
 from raylm.shards import Shard
 
@@ -126,14 +128,13 @@ class _Schedule:
         i, actor = self.in_flight.pop(ref)
         try:
             scored = ray.get(ref)
-        except ray.exceptions.RayTaskError as e:
-            self.slots.append(actor)
-            self._retry(i, _one_line(e.cause if e.cause is not None else e))
-            return
         except ACTOR_LOST as e:
             self._lose(actor, e)
-            self._retry(i, f"scoring actor lost ({_one_line(e)})")
+            self._retry(i, f"scoring actor lost ({first_line(e)})")
             return
+        except ray.exceptions.RayTaskError as e:
+            shard = self.shards[i]
+            raise remote_error(f"shard {shard.index} ({shard.task}) failed", e) from e
         self.results[i] = scored
         self.slots.append(actor)
         bar.update(self.shards[i].table.num_rows)
@@ -178,16 +179,12 @@ class _Schedule:
             ray.get(ref)
         except ACTOR_LOST as e:
             self.start_failures += 1
-            self.last_cause = f"replacement actor failed to start ({_one_line(e)})"
+            self.last_cause = f"replacement actor failed to start ({first_line(e)})"
             if self.start_failures >= self.max_tries:
-                raise RaylmError(f"could not start a replacement scoring actor: {_one_line(e)}") from e
+                raise remote_error("could not start a replacement scoring actor", e) from e
             self._start_replacement()
             return
+        except ray.exceptions.RayTaskError as e:
+            raise remote_error("a replacement scoring actor failed to start", e) from e
         self.live.append(actor)
         self.slots.extend([actor] * IN_FLIGHT_PER_ACTOR)
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(error).__name__}: {first}" if first else type(error).__name__

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import ray
 
-from raylm.errors import RaylmError
+from raylm.errors import RaylmError, RemoteError
 from raylm.evaluate import evaluate
 from raylm.model_loading import check_model_path
 from raylm.plots import write_reports
@@ -103,6 +103,8 @@ def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], out: P
             write_results(where, result)
             run.points_run.append(point.name)
             log.info("sweep: %s / %s done", model.name, point.name)
+    except RemoteError as e:
+        raise RemoteError(f"{model.name}: {e}", e.traceback) from e
     except RaylmError as e:
         raise RaylmError(f"{model.name}: {e}") from e
     finally:

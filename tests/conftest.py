@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -93,10 +94,19 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300,
 
 
 @pytest.fixture(scope="session")
+def truncated_weights_model(tiny_llama, tmp_path_factory) -> Path:
+    """tiny_llama whose model.safetensors was cut short, as an interrupted download leaves it: the config and
+    tokenizer load on the driver, so the error is raised inside the scoring actor."""
+    path = tmp_path_factory.mktemp("truncated") / "model"
+    shutil.copytree(tiny_llama, path)
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:4096])
+    return path
+
+
+@pytest.fixture(scope="session")
 def pickle_only_model(tiny_llama, tmp_path_factory) -> Path:
     """tiny_llama with its weights as pytorch_model.bin (pickle) instead of safetensors."""
-    import shutil
-
     import torch
     from safetensors.torch import load_file
 

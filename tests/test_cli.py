@@ -103,3 +103,19 @@ def test_the_readme_usage_lists_exactly_the_options_raylm_eval_accepts():
     eval_parser = build_parser()._subparsers._group_actions[0].choices["eval"]
     accepted = {o for action in eval_parser._actions for o in action.option_strings if o.startswith("--")}
     assert documented == accepted - {"--help", "--demo"}
+
+
+def test_an_error_raised_in_a_scoring_actor_is_one_line_naming_its_traceback_file(tmp_path, truncated_weights_model):
+    out = tmp_path / "out"
+    proc = run_cli("eval", "--model", str(truncated_weights_model), "--tasks", "winogrande", "--data-dir", str(DATA),
+                   "--limit", "2", "--output", str(out), "--no-progress")
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("raylm: error:")]
+    log = out / "raylm-error.log"
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert errors[0].startswith("raylm: error: a scoring actor failed to start: SafetensorError: ")
+    assert errors[0].endswith(f" (full traceback in {log})")
+    # Nothing of Ray's printing of the actor's traceback reaches the terminal; it is all in the file.
+    assert "Traceback" not in proc.stderr and "ScoringActor pid=" not in proc.stderr + proc.stdout
+    assert ", in load_model\n" in log.read_text() and "SafetensorError" in log.read_text()
+    assert not (out / "results.json").exists()

@@ -188,3 +188,18 @@ def test_cli_ppl_on_two_actors_matches_one_and_kl_refuses_mismatched_tokenizers(
     errors = [line for line in proc.stderr.splitlines() if line.startswith("raylm: error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "different vocabularies" in errors[0], proc.stderr[-2000:]
     assert not (tmp_path / "kl" / "results.json").exists()
+
+
+def test_cli_ppl_with_weights_that_fail_to_load_in_the_actor_is_one_line(parquet_run, truncated_weights_model,
+                                                                        tmp_path):
+    data, _, _ = parquet_run
+    out = tmp_path / "out"
+    proc = run_cli("ppl", "--model", str(truncated_weights_model), "--data", data, "--text-column", "body",
+                   "--output", str(out), "--no-progress")
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("raylm: error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert errors[0].startswith("raylm: error: corpus scoring failed: SafetensorError: ")
+    assert errors[0].endswith(f" (full traceback in {out / 'raylm-error.log'})")
+    assert "Traceback" not in proc.stderr and ", in start\n" in (out / "raylm-error.log").read_text()
+    assert not (out / "results.json").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from dataclasses import replace
@@ -15,12 +16,12 @@ from transformers import AutoConfig
 
 from conftest import DATA
 from raylm.actors import ScoringActor
-from raylm.errors import RaylmError
+from raylm.errors import RaylmError, RemoteError
 from raylm.evaluate import EvalConfig, build_task_requests, evaluate
 from raylm.encoding import Encoder, resolve_max_length
 from raylm.model_loading import ModelSpec, load_tokenizer
-from raylm.runtime import ActorRecipe, start_actors
-from raylm.scheduler import MAX_TRIES, run_shards
+from raylm.runtime import ActorRecipe, LaunchedActors, start_actors
+from raylm.scheduler import run_shards
 from raylm.shards import make_shards
 
 TASKS = ("hellaswag", "winogrande", "wikitext")
@@ -114,23 +115,25 @@ def shards(spec):
     return make_shards(tables, 4)
 
 
-def test_transient_scoring_failure_is_retried_once(ray_session, spec, shards):
+def test_scoring_code_that_raises_stops_the_run_at_once_naming_shard_and_cause(ray_session, spec, shards):
+    """The same shard on the same model would raise again: no retries, one line, the remote traceback kept."""
     actor = ray.remote(FailingActor).options(num_cpus=0.5).remote(spec, 1)
-    report = run_shards([actor], shards, progress=False)
-    assert len(report.results) == len(shards) and report.retried == 1 and report.replaced == 0
-    for shard, scored in zip(shards, report.results):
-        assert scored.table["doc_id"].to_pylist() == shard.table["doc_id"].to_pylist()
+    with pytest.raises(RemoteError) as err:
+        run_shards([actor], shards, progress=False)
+    assert str(err.value) == "shard 0 (hellaswag) failed: ValueError: injected scoring failure"
+    assert re.search(r'line \d+, in score\n +raise ValueError\("injected scoring failure"\)', err.value.traceback)
+    # The actor is still usable: the failure was the code's, not the process's.
+    assert ray.get(actor.ready.remote()) > 0
     ray.kill(actor)
 
 
-def test_shard_that_keeps_failing_stops_the_run_naming_shard_and_cause(ray_session, spec, shards):
-    actor = ray.remote(FailingActor).options(num_cpus=0.5).remote(spec, 100)
-    with pytest.raises(RaylmError) as err:
-        run_shards([actor], shards[:1], progress=False)
-    message = str(err.value)
-    assert f"shard 0 (hellaswag) failed {MAX_TRIES} times" in message
-    assert "ValueError: injected scoring failure" in message and "\n" not in message
-    ray.kill(actor)
+def test_an_actor_whose_model_fails_to_load_is_one_line(ray_session, tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    recipe = ActorRecipe(ModelSpec(str(tmp_path), "float32", "cpu"), None, 0.5, 0, 1)
+    with pytest.raises(RemoteError) as err:
+        LaunchedActors(recipe, 1).wait_ready()
+    assert str(err.value).startswith(f"a scoring actor failed to start: could not load model '{tmp_path}': ")
+    assert "\n" not in str(err.value) and ", in load_model\n" in err.value.traceback
 
 
 def test_no_live_actor_and_no_replacement_is_an_error_not_a_hang(ray_session, spec, shards):

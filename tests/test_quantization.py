@@ -3,8 +3,16 @@ weights: scores stay close, the weights really are quantised, and results.json r
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+from conftest import run_cli
 
 from raylm.cli import DEMO, build_parser, config_from_args
 from raylm.encoding import Encoder, resolve_max_length
@@ -16,6 +24,7 @@ from raylm.requests import build_requests
 from raylm.scoring import Scorer
 from raylm.tasks import get_task
 
+REPO = Path(__file__).resolve().parents[1]
 STORIES = str(DEMO / "models" / "stories260K-hf")
 DEMO_DATA = DEMO / "data"
 
@@ -78,3 +87,43 @@ def test_4bit_and_8bit_flags_exclude_each_other(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["eval", "--demo", "--load-in-4bit", "--load-in-8bit"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+# Runs `raylm sweep` with the named packages unimportable, as after `pip install --no-deps raylm`.
+WITHOUT_PACKAGES = """
+import importlib.abc, sys
+missing = set(sys.argv[1].split(","))
+class Missing(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in missing:
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, Missing())
+sys.argv = ["raylm", *sys.argv[2:]]
+from raylm.cli import run
+run()
+"""
+
+
+@pytest.mark.parametrize("missing", ["accelerate", "bitsandbytes"])
+def test_demo_sweep_without_a_quantisation_package_fails_before_ray_in_one_line(tmp_path, missing):
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-c", WITHOUT_PACKAGES, missing, "sweep", str(REPO / "jobs" / "demo.yaml"),
+                           "--output", str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        f"raylm: error: {REPO / 'jobs' / 'demo.yaml'}: 4bit loading needs bitsandbytes and accelerate, which "
+        f"`pip install raylm` brings; {missing} is not installed here (pip install bitsandbytes accelerate)"]
+    assert not (tmp_path / "out" / "sweep.json").exists()
+
+
+def test_the_demo_sweep_runs_its_4bit_model_without_warnings_or_tracebacks(tmp_path):
+    """The README's offline sweep, cut to 5 documents per task: the nf4 model loads (bitsandbytes and accelerate
+    installed with raylm itself), and bitsandbytes' hub-kernel warning is not shown."""
+    sweep = tmp_path / "demo.yaml"
+    sweep.write_text((REPO / "jobs" / "demo.yaml").read_text().replace("limit: [200]", "limit: [5]"))
+    proc = run_cli("sweep", str(sweep), "--output", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "stories260K-nf4" / "0shot-limit5-batchauto" / "results.json").read_text())
+    assert results["config"]["quantization"] == "4bit" and results["n-samples"]["hellaswag"]["effective"] == 5
+    assert "kernels-community" not in proc.stderr and "Traceback" not in proc.stderr
