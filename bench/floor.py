@@ -16,11 +16,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DATA, model_path, print_table  # noqa: E402
 
-from raylm.encoding import Encoder, resolve_max_length  # noqa: E402
-from raylm.evaluate import EvalConfig, build_task_requests  # noqa: E402
-from raylm.model_loading import ModelSpec, load_model, load_tokenizer  # noqa: E402
-from raylm.prefix_packing import pack, plan_groups  # noqa: E402
-from raylm.scoring import Scorer  # noqa: E402
+from raylm.requests.encoding import Encoder, resolve_max_length  # noqa: E402
+from raylm.config import EvalConfig  # noqa: E402
+from raylm.evaluate import build_task_requests  # noqa: E402
+from raylm.scoring.models import ModelSpec, load_model, load_tokenizer  # noqa: E402
+from raylm.scoring.packing import pack, plan_groups  # noqa: E402
+from raylm.scoring.scorer import Scorer  # noqa: E402
 
 
 def matmul_rate(hidden: int, vocab: int, tokens: int = 2048, repeats: int = 3) -> float:

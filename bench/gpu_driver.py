@@ -12,21 +12,20 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from importlib import resources
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from raylm.encoding import Encoder  # noqa: E402
-from raylm.model_loading import ModelSpec, load_tokenizer  # noqa: E402
-from raylm.prefix_packing import pack, plan_groups  # noqa: E402
-from raylm.requests import build_requests  # noqa: E402
-from raylm.scoring import Scorer  # noqa: E402
+from raylm.data.demo import DEMO_DATA, DEMO_MODEL  # noqa: E402
+from raylm.requests.encoding import Encoder  # noqa: E402
+from raylm.scoring.models import ModelSpec, load_tokenizer  # noqa: E402
+from raylm.scoring.packing import pack, plan_groups  # noqa: E402
+from raylm.requests.table import build_requests  # noqa: E402
+from raylm.scoring.scorer import Scorer  # noqa: E402
 from raylm.tasks import get_task  # noqa: E402
 
-DEMO = Path(str(resources.files("raylm") / "demo"))
 H200_BF16_FLOPS = 790e12
 
 
@@ -73,9 +72,9 @@ def main() -> None:
     with torch.device(args.device):
         model = AutoModelForCausalLM.from_config(config(shape), dtype=getattr(torch, args.dtype)).eval()
     max_length = 1024 if shape == "gpt2-small" else 2048 if shape.startswith("llama") else 512
-    tokenizer = load_tokenizer(ModelSpec(str(DEMO / "models" / "stories260K-hf")))
+    tokenizer = load_tokenizer(ModelSpec(str(DEMO_MODEL)))
     task = get_task("hellaswag")
-    sample = task.load_docs(DEMO / "data")
+    sample = task.load_docs(DEMO_DATA)
     docs = [type(d)(**{**d.__dict__, "doc_id": i}) for i in range(args.docs) for d in [sample[i % len(sample)]]]
     start = time.perf_counter()
     table = build_requests(task, docs, Encoder(tokenizer, max_length))

@@ -103,7 +103,7 @@ class MemorySampler(threading.Thread):
 
 
 def measure(spec, data: Path, out: Path) -> dict[str, float]:
-    from raylm.corpus_eval import CorpusConfig, run_corpus
+    from raylm.corpus.run import CorpusConfig, run_corpus
 
     sampler = MemorySampler()
     sampler.start()
@@ -133,7 +133,7 @@ def main() -> int:
     os.environ.pop("RAY_ADDRESS", None)
     import ray
 
-    from raylm.model_loading import ModelSpec
+    from raylm.scoring.models import ModelSpec
 
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
              object_store_memory=args.object_store_mb * 2**20)

@@ -14,17 +14,16 @@ import argparse
 import logging
 import os
 import time
-from importlib import resources
-from pathlib import Path
 
 import psutil
 import ray
 
-from raylm.evaluate import EvalConfig, evaluate
-from raylm.model_loading import ModelSpec
-from raylm.runtime import start_actors
+from raylm.config import EvalConfig
+from raylm.data.demo import DEMO_DATA, DEMO_MODEL
+from raylm.evaluate import evaluate
+from raylm.scoring.models import ModelSpec
+from raylm.cluster.runtime import start_actors
 
-DEMO = resources.files("raylm") / "demo"
 MAX_GROWTH = 1.10
 
 
@@ -42,8 +41,8 @@ def main() -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=256 * 1024**2,
              log_to_driver=False)
-    spec = ModelSpec(str(DEMO / "models" / "stories260K-hf"), dtype="float32", device="cpu")
-    cfg = EvalConfig(spec, ("hellaswag", "winogrande", "wikitext"), Path(str(DEMO / "data")), limit=args.limit,
+    spec = ModelSpec(str(DEMO_MODEL), dtype="float32", device="cpu")
+    cfg = EvalConfig(spec, ("hellaswag", "winogrande", "wikitext"), DEMO_DATA, limit=args.limit,
                      shard_requests=64, progress=False)
     actors = start_actors(spec, args.actors, None)
     pids = ray.get([a.ready.remote() for a in actors])

@@ -22,9 +22,10 @@ def naive_loop(model_dir: str, tasks: list[str], rows: int | None, out: Path) ->
     import torch
     from transformers import AutoModelForCausalLM
 
-    from raylm.encoding import Encoder, resolve_max_length
-    from raylm.evaluate import EvalConfig, build_task_requests
-    from raylm.model_loading import ModelSpec, load_tokenizer
+    from raylm.requests.encoding import Encoder, resolve_max_length
+    from raylm.config import EvalConfig
+    from raylm.evaluate import build_task_requests
+    from raylm.scoring.models import ModelSpec, load_tokenizer
 
     spec = ModelSpec(model_dir)
     tokenizer = load_tokenizer(spec)

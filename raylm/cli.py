@@ -6,19 +6,19 @@ import argparse
 import logging
 import os
 import sys
-from importlib import resources
 from pathlib import Path
 
-from raylm.corpus import DEFAULT_DOCS_PER_BATCH, FORMATS as CORPUS_FORMATS
-from raylm.atomic import write_atomic
+from raylm.corpus.read import DEFAULT_DOCS_PER_BATCH, FORMATS as CORPUS_FORMATS
+from raylm.results.atomic import write_atomic
 from raylm.errors import RaylmError, RemoteError
-from raylm.evaluate import DEFAULT_FEWSHOT_SEED, EvalConfig, evaluate
-from raylm.model_loading import DTYPES, ModelSpec
-from raylm.report import format_table, prepare_output, write_results, write_samples
-from raylm.shards import DEFAULT_SHARD_REQUESTS
+from raylm.config import DEFAULT_FEWSHOT_SEED, EvalConfig
+from raylm.data.demo import DEMO_DATA, DEMO_MODEL
+from raylm.evaluate import evaluate
+from raylm.scoring.models import DTYPES, ModelSpec
+from raylm.results.report import format_table, prepare_output, write_results, write_samples
+from raylm.requests.shards import DEFAULT_SHARD_REQUESTS
 from raylm.tasks import TASKS
 
-DEMO = resources.files("raylm") / "demo"
 ERROR_LOG = "raylm-error.log"  # under the output directory: the remote traceback of an error raised in an actor
 
 
@@ -70,8 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
     model, data_dir = args.model, args.data_dir
     if args.demo:
-        model = model or str(DEMO / "models" / "stories260K-hf")
-        data_dir = data_dir or Path(str(DEMO / "data"))
+        model = model or str(DEMO_MODEL)
+        data_dir = data_dir or DEMO_DATA
     if not model:
         raise RaylmError("--model is required (or use --demo)")
     quantization = "4bit" if args.load_in_4bit else "8bit" if args.load_in_8bit else None
@@ -95,7 +95,7 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- raylm ppl / raylm kl: perplexity and KL divergence over streamed corpora (raylm.corpus_eval) ---
+# --- raylm ppl / raylm kl: perplexity and KL divergence over streamed corpora (raylm.corpus.run) ---
 
 def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
     ppl = sub.add_parser("ppl", help="perplexity of a model over a corpus (Parquet, JSONL or text), streamed")
@@ -120,7 +120,7 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def run_corpus_command(args: argparse.Namespace) -> int:
-    from raylm.corpus_eval import CorpusConfig, run_corpus
+    from raylm.corpus.run import CorpusConfig, run_corpus
 
     spec_b = ModelSpec(args.model_b, args.dtype, args.device) if args.command == "kl" else None
     cfg = CorpusConfig(ModelSpec(args.model, args.dtype, args.device), args.data, spec_b, args.fmt, args.text_column,
@@ -138,9 +138,9 @@ def run_corpus_command(args: argparse.Namespace) -> int:
 # --- end raylm ppl / raylm kl ---
 
 def run_sweep_file(args: argparse.Namespace) -> int:
-    from raylm.plots import SUMMARY_MD
-    from raylm.sweep import run_sweep
-    from raylm.sweep_config import load_sweep
+    from raylm.sweep.summary import SUMMARY_MD
+    from raylm.sweep.run import run_sweep
+    from raylm.sweep.config import load_sweep
 
     out = output_dir(args)
     runs = run_sweep(load_sweep(args.file), out)
@@ -189,9 +189,10 @@ def run() -> None:
     atexit handler; attached to a cluster, it only disconnects.
     """
     code = main()
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        ray.shutdown()
+    if "ray" in sys.modules:  # a command that failed before Ray started need not import it to exit
+        from raylm.cluster.runtime import disconnect
+
+        disconnect()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -7,91 +7,29 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pyarrow as pa
-import ray
-from ray.actor import ActorHandle
 
-from raylm import __version__
-from raylm.encoding import Encoder, resolve_max_length
+from raylm.cluster.runtime import ActorHandle, LaunchedActors, connect, gcs_address, plan_actors
+from raylm.cluster.scheduler import ScheduleReport, score_shards
+from raylm.config import EvalConfig
 from raylm.errors import RaylmError
-from raylm.metrics import choice_metrics, rolling_metrics
-from raylm.checkpoint import Checkpoint, fingerprint
-from raylm.model_loading import ModelSpec, check_model_path, check_quantization, load_config, load_tokenizer
-from raylm.requests import build_requests
-from raylm.runtime import LaunchedActors, connect, plan_actors
-from raylm.scheduler import ScheduleReport, run_shards
-from raylm.shard_sums import ScoredShard, merge
-from raylm.shards import DEFAULT_SHARD_REQUESTS, Shard, make_shards
+from raylm.requests.encoding import Encoder, resolve_max_length
+from raylm.requests.shards import ScoredShard, Shard, make_shards
+from raylm.requests.table import build_requests
+from raylm.results.checkpoint import Checkpoint, fingerprint
+from raylm.results.metrics import choice_metrics, rolling_metrics
+from raylm.results.report import EvalResult, TaskResult, run_summary
+from raylm.results.sums import merge
+from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer
 from raylm.tasks import ChoiceDoc, get_task
 from raylm.tasks.base import with_fewshot
 
 log = logging.getLogger(__name__)
 
-DEFAULT_FEWSHOT_SEED = 1234  # lm-eval's default fewshot_random_seed
-
 # One tokenizer per model for the driver's lifetime: a sweep or soak evaluating the same model again and again
 # would otherwise grow the driver by megabytes per run (each new fast tokenizer keeps native memory once used).
 driver_tokenizer = functools.lru_cache(maxsize=4)(load_tokenizer)
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    model: ModelSpec
-    tasks: tuple[str, ...]
-    data_dir: Path | None = None
-    limit: int | None = None
-    num_fewshot: int = 0
-    seed: int = DEFAULT_FEWSHOT_SEED
-    batch_size: int | None = None
-    actors: int | None = None
-    shard_requests: int = DEFAULT_SHARD_REQUESTS
-    progress: bool = True
-    output: Path | None = None  # checkpoint finished shards here and resume from them
-    overwrite: bool = False  # discard results a different run left in `output`
-    num_gpus: float | None = None
-    num_cpus: float | None = None  # CPUs per actor, replacements included (default: the node's CPUs shared out)
-
-    def validate(self) -> None:
-        for name in self.tasks:
-            get_task(name)
-        if not self.tasks:
-            raise RaylmError("no tasks given")
-        if self.limit is not None and self.limit < 1:
-            raise RaylmError(f"--limit must be a positive number of documents, got {self.limit}")
-        if self.num_fewshot < 0:
-            raise RaylmError(f"--num-fewshot must be 0 or more, got {self.num_fewshot}")
-        if self.actors is not None and self.actors < 1:
-            raise RaylmError(f"--actors must be at least 1, got {self.actors}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise RaylmError(f"--batch-size must be 'auto' or a positive integer, got {self.batch_size}")
-        if self.shard_requests < 1:
-            raise RaylmError(f"shard size must be at least 1, got {self.shard_requests}")
-        if self.num_gpus is not None and self.num_gpus < 0:
-            raise RaylmError(f"--num-gpus must be 0 or more, got {self.num_gpus}")
-        if self.num_cpus is not None and self.num_cpus <= 0:
-            raise RaylmError(f"CPUs per actor must be more than 0, got {self.num_cpus}")
-        check_quantization(self.model.quantization)
-
-
-@dataclass
-class TaskResult:
-    name: str
-    kind: str
-    metrics: dict[str, float]
-    sums: dict[str, float]
-    n_docs_original: int
-    scored: pa.Table
-
-
-@dataclass
-class EvalResult:
-    config: EvalConfig
-    tasks: dict[str, TaskResult]
-    wall_s: float
-    extra: dict[str, object] = field(default_factory=dict)
 
 
 TaskDocs = dict[str, tuple[list, int]]  # task -> (documents to score, document count before --limit)
@@ -175,7 +113,16 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
             todo = [s for s in shards if s.index not in scored]
             report = ScheduleReport([], 0, 0, [])
             if todo:
-                report = _score(cfg, todo, launched or actors, checkpoint, on_shard)
+                def finished(shard: Shard, result: ScoredShard) -> None:
+                    if checkpoint is not None:
+                        checkpoint.save(shard, result)
+                    if on_shard is not None:
+                        on_shard(shard, result)
+
+                pool = launched.wait_ready() if launched is not None else actors
+                recipe = launched.recipe if launched is not None else plan_actors(
+                    cfg.model, len(actors), cfg.batch_size, cfg.num_gpus, cfg.num_cpus)[0]
+                report = score_shards(pool, recipe, todo, cfg.progress, finished)
                 scored.update((s.index, r) for s, r in zip(todo, report.results))
         finally:
             if launched is not None:
@@ -186,59 +133,18 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
         table = pa.concat_tables(s.table for s in mine)
         if table.num_rows != requests.num_rows:
             raise RaylmError(f"{name}: {table.num_rows} results for {requests.num_rows} requests")
-        sums = merge(kind, [s.sums for s in mine])
+        sums = merge([s.sums for s in mine])
         metrics = rolling_metrics(sums) if kind == "rolling" else choice_metrics(sums, get_task(name).choice_metrics)
         results[name] = TaskResult(name, kind, metrics, sums, docs[name][1], table)
     wall = time.time() - start
-    extra = {"raylm_version": __version__, "shards": len(shards), "max_length": encoder.max_length,
+    extra = {"shards": len(shards), "max_length": encoder.max_length,
              "requests_scored": sum(s.table.num_rows for s in todo), "shards_retried": report.retried,
-             "shards_resumed": resumed, "actors_replaced": report.replaced,
-             "ray_gcs_address": ray.get_runtime_context().gcs_address if ray.is_initialized() else None}
+             "shards_resumed": resumed, "actors_replaced": report.replaced, "ray_gcs_address": gcs_address()}
     log.info("%s", run_summary(extra, wall))
     return EvalResult(cfg, results, wall, extra)
-
-
-def run_summary(extra: dict[str, object], wall_s: float) -> str:
-    """The final line: what was scored here, what had to be retried, and what came from a checkpoint."""
-    return (f"{extra['requests_scored']} requests scored in {extra['shards']} shards, "
-            f"{extra['shards_retried']} retried, {extra['shards_resumed']} resumed from checkpoint, "
-            f"wall time {wall_s:.1f} s")
 
 
 def _launch(cfg: EvalConfig) -> LaunchedActors:
     connect()
     recipe, n = plan_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus, cfg.num_cpus)
     return LaunchedActors(recipe, n)
-
-
-def _score(cfg: EvalConfig, shards: list[Shard], actors: LaunchedActors | list[ActorHandle],
-           checkpoint: Checkpoint | None, on_shard: Callable[[Shard, ScoredShard], None] | None) -> ScheduleReport:
-    """Score shards on our own launched actors (released by the caller) or on a caller's list, which is kept
-    usable: a dead actor in it is swapped for its replacement."""
-    own = isinstance(actors, LaunchedActors)
-    if own:
-        pool, recipe = actors.wait_ready(), actors.recipe
-    else:
-        pool = actors
-        recipe, _ = plan_actors(cfg.model, len(pool), cfg.batch_size, cfg.num_gpus, cfg.num_cpus)
-    spawned: list[ActorHandle] = []
-
-    def replace() -> ActorHandle:
-        spawned.append(recipe.start())
-        return spawned[-1]
-
-    def finished(shard: Shard, result: ScoredShard) -> None:
-        if checkpoint is not None:
-            checkpoint.save(shard, result)
-        if on_shard is not None:
-            on_shard(shard, result)
-
-    try:
-        report = run_shards(pool, shards, progress=cfg.progress, replace=replace, on_result=finished)
-    finally:
-        if own:
-            for actor in spawned:
-                ray.kill(actor)
-    if not own:
-        pool[:] = report.actors
-    return report

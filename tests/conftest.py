@@ -55,7 +55,7 @@ def tiny_llama(tmp_path_factory) -> Path:
 def _start_ray():
     import ray
 
-    from raylm.runtime import LOCAL_SYSTEM_CONFIG
+    from raylm.cluster.runtime import LOCAL_SYSTEM_CONFIG
 
     # Smaller than raylm's own local Ray, but with its worker settings, so actors run as they do for users.
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=128 * 1024**2,

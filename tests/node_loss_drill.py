@@ -13,9 +13,10 @@ from pathlib import Path
 import ray
 from ray.cluster_utils import Cluster
 
-from raylm.evaluate import EvalConfig, evaluate
-from raylm.model_loading import ModelSpec
-from raylm.runtime import start_actors
+from raylm.config import EvalConfig
+from raylm.evaluate import evaluate
+from raylm.scoring.models import ModelSpec
+from raylm.cluster.runtime import start_actors
 
 TASKS = ("hellaswag", "winogrande", "wikitext")
 STORE_BYTES = 100 * 1024**2

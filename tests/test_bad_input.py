@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from conftest import DATA, GPT2_TOKENIZER
-from raylm.checkpoint import CHECKPOINT_DIR, MANIFEST
+from conftest import GPT2_TOKENIZER
+from raylm.results.checkpoint import CHECKPOINT_DIR, MANIFEST
 from raylm.cli import main
 
 HS = {"activity_label": "A", "ctx_a": "b", "ctx_b": "c", "endings": ["x", "y"], "label": 1}

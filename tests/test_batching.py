@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from raylm.batching import budget_batches
+from raylm.scoring.batching import budget_batches
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -7,10 +7,11 @@ import json
 import pyarrow as pa
 import pytest
 
-from raylm.checkpoint import CHECKPOINT_DIR, MANIFEST, Checkpoint
+from raylm.results.checkpoint import CHECKPOINT_DIR, MANIFEST, Checkpoint
 from raylm.errors import RaylmError
-from raylm.shard_sums import ScoredShard, shard_sums
-from raylm.shards import Shard
+from raylm.requests.shards import ScoredShard
+from raylm.results.sums import shard_sums
+from raylm.requests.shards import Shard
 
 REQUESTS = pa.table({"doc_id": [0, 0, 1, 1], "req_idx": [0, 1, 0, 1], "gold": [1, 1, 0, 0], "norm_len": [3, 4, 5, 6]})
 SHARDS = [Shard("hellaswag", "multiple_choice", 0, REQUESTS.slice(0, 2)),

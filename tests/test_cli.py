@@ -88,7 +88,7 @@ def test_bad_input_fails_with_one_line_and_no_results(tmp_path, tiny_gpt2, case)
 def test_the_eval_command_starts_ray_before_torch_is_imported():
     """`raylm eval` starts Ray while a thread imports torch and transformers to tokenise (1-2 s on 2 cores); a
     torch import on the way to ray.init would put that time back on the critical path."""
-    probe = ("import sys, raylm.cli, raylm.evaluate, raylm.runtime; "
+    probe = ("import sys, raylm.cli, raylm.evaluate, raylm.cluster.runtime; "
              "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

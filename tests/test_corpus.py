@@ -12,12 +12,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import DATA, run_cli
-from raylm.corpus_eval import CorpusConfig, run_corpus
-from raylm.doc_scoring import DocPerplexity
-from raylm.encoding import Encoder
+from raylm.corpus.run import CorpusConfig, run_corpus
+from raylm.corpus.doc_scoring import DocPerplexity
+from raylm.requests.encoding import Encoder
 from raylm.errors import RaylmError
-from raylm.evaluate import EvalConfig, evaluate
-from raylm.model_loading import ModelSpec
+from raylm.config import EvalConfig
+from raylm.evaluate import evaluate
+from raylm.scoring.models import ModelSpec
 from raylm.tasks.wikitext import load_docs as wikitext_docs
 from reference import float64_copy
 from reference_corpus import reference_strided_nll

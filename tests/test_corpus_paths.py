@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raylm.corpus import detect_format, expand_paths
+from raylm.corpus.read import detect_format, expand_paths
 from raylm.errors import InputError
 
 

@@ -12,11 +12,12 @@ import pytest
 import ray
 
 from conftest import DATA
-from raylm.evaluate import EvalConfig, evaluate
-from raylm.metrics import choice_metrics, rolling_metrics
-from raylm.model_loading import ModelSpec
-from raylm.runtime import start_actors
-from raylm.shard_sums import merge, shard_sums
+from raylm.config import EvalConfig
+from raylm.evaluate import evaluate
+from raylm.results.metrics import choice_metrics, rolling_metrics
+from raylm.scoring.models import ModelSpec
+from raylm.cluster.runtime import start_actors
+from raylm.results.sums import merge, shard_sums
 from raylm.tasks import get_task
 
 TASKS = ("hellaswag", "winogrande", "wikitext")
@@ -60,7 +61,7 @@ def test_merged_shard_sums_equal_metrics_from_all_requests(runs):
     result, _ = runs[2]
     for name, task in result.tasks.items():
         whole = shard_sums(task.kind, task.scored)
-        assert merge(task.kind, [whole]) == pytest.approx(task.sums, rel=1e-12)
+        assert merge([whole]) == pytest.approx(task.sums, rel=1e-12)
         if task.kind == "multiple_choice":
             assert choice_metrics(whole, get_task(name).choice_metrics) == task.metrics
         else:
@@ -121,8 +122,8 @@ def test_bad_data_fails_before_any_actor_is_launched(ray_session, tiny_llama, tm
 
 ACTOR_NICENESS = """
 import os, sys, psutil, ray
-from raylm.model_loading import ModelSpec
-from raylm.runtime import connect, plan_actors
+from raylm.scoring.models import ModelSpec
+from raylm.cluster.runtime import connect, plan_actors
 connect()
 recipe, _ = plan_actors(ModelSpec(sys.argv[1], "float32", "cpu"), 1, None, num_cpus=1)
 print(psutil.Process(ray.get(recipe.start().ready.remote())).nice() - os.nice(0))

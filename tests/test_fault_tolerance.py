@@ -15,14 +15,15 @@ import ray.cloudpickle
 from transformers import AutoConfig
 
 from conftest import DATA
-from raylm.actors import ScoringActor
+from raylm.cluster.actors import ScoringActor
 from raylm.errors import RaylmError, RemoteError
-from raylm.evaluate import EvalConfig, build_task_requests, evaluate
-from raylm.encoding import Encoder, resolve_max_length
-from raylm.model_loading import ModelSpec, load_tokenizer
-from raylm.runtime import ActorRecipe, LaunchedActors, start_actors
-from raylm.scheduler import run_shards
-from raylm.shards import make_shards
+from raylm.config import EvalConfig
+from raylm.evaluate import build_task_requests, evaluate
+from raylm.requests.encoding import Encoder, resolve_max_length
+from raylm.scoring.models import ModelSpec, load_tokenizer
+from raylm.cluster.runtime import ActorRecipe, LaunchedActors, start_actors
+from raylm.cluster.scheduler import run_shards
+from raylm.requests.shards import make_shards
 
 TASKS = ("hellaswag", "winogrande", "wikitext")
 

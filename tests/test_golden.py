@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 
 from conftest import DATA, GOLDEN, STORIES
-from raylm.actors import score_shard
-from raylm.encoding import Encoder, resolve_max_length
-from raylm.evaluate import EvalConfig, build_task_requests
-from raylm.metrics import choice_metrics, rolling_metrics
-from raylm.model_loading import ModelSpec, load_model, load_tokenizer
-from raylm.scoring import Scorer
-from raylm.shard_sums import choice_predictions
+from raylm.cluster.actors import score_shard
+from raylm.requests.encoding import Encoder, resolve_max_length
+from raylm.config import EvalConfig
+from raylm.evaluate import build_task_requests
+from raylm.results.metrics import choice_metrics, rolling_metrics
+from raylm.scoring.models import ModelSpec, load_model, load_tokenizer
+from raylm.scoring.scorer import Scorer
+from raylm.results.predictions import choice_predictions
 from raylm.tasks import get_task
 
 

@@ -25,12 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from raylm.actors import score_shard
-from raylm.cli import DEMO
-from raylm.encoding import Encoder, resolve_max_length
-from raylm.evaluate import EvalConfig, build_task_requests
-from raylm.model_loading import ModelSpec, load_model, load_tokenizer
-from raylm.scoring import Scorer
+from raylm.cluster.actors import score_shard
+from raylm.data.demo import DEMO_DATA, DEMO_MODEL
+from raylm.requests.encoding import Encoder, resolve_max_length
+from raylm.config import EvalConfig
+from raylm.evaluate import build_task_requests
+from raylm.scoring.models import ModelSpec, load_model, load_tokenizer
+from raylm.scoring.scorer import Scorer
 
 pytestmark = pytest.mark.cluster
 
@@ -124,9 +125,9 @@ def test_ray_job_submit_attaches_and_writes_results(tmp_path):
 
 def sums_in_process(task: str, limit: int) -> dict[str, float]:
     """The same task scored here, without Ray: what the job's actors must have produced."""
-    spec = ModelSpec(str(DEMO / "models" / "stories260K-hf"))
+    spec = ModelSpec(str(DEMO_MODEL))
     tokenizer, model = load_tokenizer(spec), load_model(spec)
     encoder = Encoder(tokenizer, resolve_max_length(model.config, tokenizer))
-    tables, _ = build_task_requests(EvalConfig(spec, (task,), Path(str(DEMO / "data")), limit=limit), encoder)
+    tables, _ = build_task_requests(EvalConfig(spec, (task,), DEMO_DATA, limit=limit), encoder)
     kind, table = tables[task]
     return score_shard(Scorer(model, encoder.max_length), kind, table).sums

@@ -10,9 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import GPT2_TOKENIZER, STORIES
-from raylm.corpus_eval import check_same_tokenizer
+from raylm.corpus.run import check_same_tokenizer
 from raylm.errors import RaylmError
-from raylm.kl import KLScorer
+from raylm.scoring.kl import KLScorer
 from reference import float64_copy
 from reference_corpus import reference_kl
 

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.activations import GELUTanh, NewGELUActivation
 
-from raylm.model_loading import ModelSpec, load_model
+from raylm.scoring.models import ModelSpec, load_model
 
 
 def test_gelu_new_runs_as_the_fused_kernel_with_the_same_outputs(tiny_gpt2):
@@ -24,9 +24,9 @@ def test_gelu_new_runs_as_the_fused_kernel_with_the_same_outputs(tiny_gpt2):
 
 
 def test_actor_context_length_needs_the_tokenizer_only_when_the_config_states_none(tiny_gpt2, monkeypatch):
-    import raylm.actors as actors
-    from raylm.encoding import resolve_max_length
-    from raylm.model_loading import load_tokenizer
+    import raylm.cluster.actors as actors
+    from raylm.requests.encoding import resolve_max_length
+    from raylm.scoring.models import load_tokenizer
 
     spec = ModelSpec(str(tiny_gpt2), "float32", "cpu")
     config = AutoConfig.from_pretrained(tiny_gpt2)
@@ -45,7 +45,7 @@ def test_actor_context_length_needs_the_tokenizer_only_when_the_config_states_no
 def test_driver_and_corpus_context_length_read_a_home_relative_model_dir(tiny_gpt2, tmp_path, monkeypatch):
     """Config, tokenizer and weights all load from the same expanded path; `~/model` once reached the config
     loader unexpanded and failed as a hub id."""
-    from raylm.corpus_eval import model_max_length
+    from raylm.corpus.run import model_max_length
     from raylm.evaluate import driver_encoder
 
     (tmp_path / "model").symlink_to(tiny_gpt2, target_is_directory=True)

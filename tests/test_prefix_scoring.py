@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import DATA, STORIES
-from raylm.prefix_packing import PREFIX, pack, plan_groups
-from raylm.scoring import Scorer
+from conftest import STORIES
+from raylm.scoring.packing import PREFIX, pack, plan_groups
+from raylm.scoring.scorer import Scorer
 from reference import float64_copy, reference_score
 from test_scoring import real_requests
 

@@ -14,19 +14,19 @@ import pytest
 
 from conftest import run_cli
 
-from raylm.cli import DEMO, build_parser, config_from_args
-from raylm.encoding import Encoder, resolve_max_length
+from raylm.cli import build_parser, config_from_args
+from raylm.data.demo import DEMO_DATA, DEMO_MODEL
+from raylm.requests.encoding import Encoder, resolve_max_length
 from raylm.errors import RaylmError
 from raylm.evaluate import evaluate
-from raylm.model_loading import ModelSpec, load_model, load_tokenizer, quantization_config
-from raylm.report import results_dict
-from raylm.requests import build_requests
-from raylm.scoring import Scorer
+from raylm.scoring.models import ModelSpec, load_model, load_tokenizer, quantization_config
+from raylm.results.report import results_dict
+from raylm.requests.table import build_requests
+from raylm.scoring.scorer import Scorer
 from raylm.tasks import get_task
 
 REPO = Path(__file__).resolve().parents[1]
-STORIES = str(DEMO / "models" / "stories260K-hf")
-DEMO_DATA = DEMO / "data"
+STORIES = str(DEMO_MODEL)
 
 # Per-token loglikelihood differences measured on stories260K (real weights): 8-bit mean 0.011 / max 0.043,
 # 4-bit mean 0.15 / max 0.45. The bounds leave room without letting a broken dequantisation through.

@@ -10,9 +10,9 @@ import sys
 import time
 
 from conftest import DATA
-from raylm.checkpoint import CHECKPOINT_DIR, MANIFEST
+from raylm.results.checkpoint import CHECKPOINT_DIR, MANIFEST
 from raylm.cli import main
-from raylm.scheduler import SHARD_DELAY_ENV
+from raylm.cluster.scheduler import SHARD_DELAY_ENV
 
 
 def eval_args(model, out, limit=6):

@@ -11,10 +11,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import DATA
-from raylm.encoding import Encoder, resolve_max_length
-from raylm.evaluate import EvalConfig, build_task_requests
-from raylm.model_loading import ModelSpec, load_tokenizer
-from raylm.scoring import Scorer
+from raylm.requests.encoding import Encoder, resolve_max_length
+from raylm.config import EvalConfig
+from raylm.evaluate import build_task_requests
+from raylm.scoring.models import ModelSpec, load_tokenizer
+from raylm.scoring.scorer import Scorer
 from reference import float64_copy, reference_score
 
 
@@ -93,7 +94,7 @@ def test_batch_size_does_not_change_results(request, fixture, task):
 
 
 def test_log_normaliser_and_argmax_equal_torch_logsumexp_and_first_argmax():
-    from raylm.scoring import _log_normaliser_and_argmax
+    from raylm.scoring.scorer import _log_normaliser_and_argmax
 
     generator = torch.Generator().manual_seed(3)
     logits = torch.randn(64, 1000, generator=generator) * 8
@@ -107,7 +108,7 @@ def test_log_normaliser_and_argmax_equal_torch_logsumexp_and_first_argmax():
 def test_cpu_token_budget_follows_the_mlp_width():
     from transformers import GPT2Config, LlamaConfig
 
-    from raylm.scoring import CPU_TOKEN_BUDGET_MAX, CPU_TOKEN_BUDGET_MIN, cpu_token_budget
+    from raylm.scoring.scorer import CPU_TOKEN_BUDGET_MAX, CPU_TOKEN_BUDGET_MIN, cpu_token_budget
 
     assert cpu_token_budget(GPT2Config()) == 1024  # GPT-2-small: MLP 3072 wide
     assert cpu_token_budget(LlamaConfig(hidden_size=64, intermediate_size=172)) == CPU_TOKEN_BUDGET_MAX

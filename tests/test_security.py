@@ -11,7 +11,7 @@ import torch
 import raylm
 from raylm.cli import build_parser, config_from_args
 from raylm.errors import RaylmError
-from raylm.model_loading import ModelSpec, check_model_path, load_model
+from raylm.scoring.models import ModelSpec, check_model_path, load_model
 
 SOURCES = sorted(Path(raylm.__file__).parent.rglob("*.py"))
 

@@ -11,14 +11,14 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
-import raylm.sweep
+import raylm.sweep.run
 from conftest import DATA, run_cli
 from raylm.cli import build_parser, config_from_args
 from raylm.errors import RaylmError
 from raylm.evaluate import evaluate
-from raylm.runtime import start_actors
-from raylm.sweep import run_sweep
-from raylm.sweep_config import load_sweep
+from raylm.cluster.runtime import start_actors
+from raylm.sweep.run import run_sweep
+from raylm.sweep.config import load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 POINTS = ("0shot-limit3-batchauto", "1shot-limit3-batchauto")
@@ -68,7 +68,7 @@ def swept(ray_session, tiny_llama, tiny_gpt2, tmp_path_factory):
     sweep = load_sweep(write_sweep(root, tiny_llama, tiny_gpt2))
     starts = CountingStarts()
     mp = pytest.MonkeyPatch()
-    mp.setattr(raylm.sweep, "start_actors", starts)
+    mp.setattr(raylm.sweep.run, "start_actors", starts)
     try:
         runs = run_sweep(sweep, root / "out")
     finally:
@@ -140,7 +140,7 @@ def test_resume_runs_only_unfinished_points(swept, tiny_llama, tiny_gpt2, monkey
     gpt2_before = {p: (out / "gpt2-float32" / p / "results.json").read_bytes() for p in POINTS}
     (out / "llama-float32" / POINTS[1] / "results.json").unlink()
     starts = CountingStarts()
-    monkeypatch.setattr(raylm.sweep, "start_actors", starts)
+    monkeypatch.setattr(raylm.sweep.run, "start_actors", starts)
     runs = run_sweep(sweep, out)
     assert starts.models == ["llama"]
     assert runs["llama-float32"].points_run == [POINTS[1]] and runs["llama-float32"].points_skipped == [POINTS[0]]

@@ -8,9 +8,10 @@ import random
 import pytest
 
 from conftest import DATA, GOLDEN, STORIES
-from raylm.encoding import Encoder, rolling_windows
+from raylm.requests.encoding import Encoder
+from raylm.requests.windows import strided_windows
 from raylm.errors import InputError, RaylmError
-from raylm.model_loading import ModelSpec, load_tokenizer
+from raylm.scoring.models import ModelSpec, load_tokenizer
 from raylm.tasks import get_task, hellaswag, wikitext, winogrande
 from raylm.tasks.base import with_fewshot
 
@@ -59,7 +60,7 @@ def test_rolling_windows_score_every_token_once_within_max_length(max_length):
         if n < 1:
             continue
         tokens = list(range(100, 100 + n))
-        windows = rolling_windows(tokens, 0, max_length)
+        windows = strided_windows(tokens, 0, max_length, max_length)
         assert [t for _, cont in windows for t in cont] == tokens
         for context, continuation in windows:
             assert len(context) + len(continuation) - 1 <= max_length

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from raylm.encoding import rolling_windows
-from raylm.windows import strided_windows
+from raylm.requests.windows import strided_windows
 
 PREFIX = 999
 
@@ -17,7 +17,9 @@ def test_stride_equal_to_max_length_is_lm_eval_rolling(max_length):
     rng = random.Random(max_length)
     for n in range(0, 60):
         tokens = [rng.randrange(500) for _ in range(n)]
-        assert strided_windows(tokens, PREFIX, max_length, max_length) == rolling_windows(tokens, PREFIX, max_length)
+        # lm-eval's loglikelihood_rolling: context_len=1, each window made disjoint from its continuation.
+        lm_eval = [make_disjoint_window(w) for w in get_rolling_token_windows(tokens, PREFIX, max_length, 1)]
+        assert strided_windows(tokens, PREFIX, max_length, max_length) == [(list(c), list(k)) for c, k in lm_eval]
 
 
 @pytest.mark.parametrize("max_length,stride", [(1, 1), (8, 1), (8, 3), (8, 7), (16, 5)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from raylm.datasource import Row, read_hub, read_jsonl
+from raylm.data.rows import Row, read_hub, read_jsonl
 from raylm.tasks.base import ChoiceDoc, Task
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from raylm.datasource import Row, read_hub, read_text_lines
+from raylm.data.rows import Row, read_hub, read_text_lines
 from raylm.tasks.base import Task, TextDoc
 
 _LEVEL1_HEADING = re.compile(r"^ = [^=].* = $")

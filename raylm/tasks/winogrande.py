@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raylm.datasource import Row, read_hub, read_jsonl
+from raylm.data.rows import Row, read_hub, read_jsonl
 from raylm.errors import InputError
 from raylm.tasks.base import ChoiceDoc, Task
 

@@ -15,13 +15,13 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from raylm.encoding import Encoder
+from raylm.requests.encoding import Encoder
 from raylm.errors import InputError
-from raylm.kl import KLScorer
-from raylm.model_loading import ModelSpec, load_model, load_tokenizer
-from raylm.runtime import DeferredStartup
-from raylm.scoring import Scorer
-from raylm.windows import strided_windows
+from raylm.scoring.kl import KLScorer
+from raylm.scoring.models import ModelSpec, load_model, load_tokenizer
+from raylm.cluster.failures import DeferredStartup
+from raylm.scoring.scorer import Scorer
+from raylm.requests.windows import strided_windows
 
 
 @dataclass

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import re
 import time
 from dataclasses import asdict, dataclass
@@ -24,15 +23,17 @@ import pyarrow.parquet as pq
 import ray
 from tqdm import tqdm
 
-from raylm import __version__
-from raylm.corpus import DEFAULT_DOCS_PER_BATCH, FORMATS, read_corpus
-from raylm.corpus_metrics import batch_sums, kl_metrics, merge_sums, ppl_metrics
-from raylm.doc_scoring import DocKL, DocPerplexity
-from raylm.encoding import resolve_max_length
+from raylm.cluster.failures import remote_traceback
+from raylm.cluster.runtime import connect, plan_actors
+from raylm.corpus.doc_scoring import DocKL, DocPerplexity
+from raylm.corpus.read import DEFAULT_DOCS_PER_BATCH, FORMATS, read_corpus
 from raylm.errors import RaylmError, RemoteError
-from raylm.model_loading import ModelSpec, check_model_path, load_config, load_tokenizer
-from raylm.report import write_atomic
-from raylm.runtime import GPU_ACTOR_CPUS, connect, remote_traceback
+from raylm.requests.encoding import resolve_max_length
+from raylm.results.atomic import write_atomic
+from raylm.results.metrics import kl_metrics, ppl_metrics
+from raylm.results.report import run_config
+from raylm.results.sums import corpus_batch_sums, merge
+from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -112,37 +113,25 @@ def resolve_lengths(cfg: CorpusConfig) -> tuple[int, int]:
     return max_length, stride
 
 
-def actor_resources(spec: ModelSpec, n: int | None) -> tuple[int, dict[str, float], int]:
-    """(actors, Ray resources per actor, torch threads per actor).
-
-    CPU actors leave one CPU to Ray Data's read tasks (or the stream would stall with every CPU held by an
-    actor waiting for input) but run as many torch threads as their share of the cores.
-    """
-    resources = ray.cluster_resources()
-    gpus, cpus = resources.get("GPU", 0), resources.get("CPU", 1)
-    on_gpu = spec.device.startswith("cuda") or (spec.device == "auto" and gpus > 0)
-    n = n or (max(1, int(gpus)) if on_gpu else 1)
-    if on_gpu:
-        return n, {"num_cpus": GPU_ACTOR_CPUS, "num_gpus": 1}, 1
-    return n, {"num_cpus": max(0.01, (cpus - 1) / n)}, max(1, round(cpus / n))
-
-
 def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
     """Score the corpus, write DIR/samples/<kind>.parquet and DIR/results.json, and return the metrics."""
-    import ray.data  # see raylm.corpus.read_corpus
+    import ray.data  # see raylm.corpus.read.read_corpus
 
     cfg.validate()
     start = time.time()
     max_length, stride = resolve_lengths(cfg)
     connect()
     ds = read_corpus(cfg.data, cfg.fmt, cfg.text_column, cfg.limit_docs)
-    n, resources, threads = actor_resources(cfg.model, cfg.actors)
+    # CPU actors leave one CPU to Ray Data's read tasks, or the stream would stall with every CPU held by an
+    # actor waiting for input.
+    recipe, n = plan_actors(cfg.model, cfg.actors, None, reserve_cpus=1.0)
     if cfg.model_b is None:
-        fn, args = DocPerplexity, (cfg.model, max_length, stride, threads)
+        fn, args = DocPerplexity, (cfg.model, max_length, stride, recipe.threads)
     else:
-        fn, args = DocKL, (cfg.model, cfg.model_b, max_length, stride, threads)
+        fn, args = DocKL, (cfg.model, cfg.model_b, max_length, stride, recipe.threads)
     scored = ds.map_batches(fn, fn_constructor_args=args, batch_size=cfg.docs_per_batch, batch_format="pyarrow",
-                            compute=ray.data.ActorPoolStrategy(size=n), **resources)
+                            compute=ray.data.ActorPoolStrategy(size=n), num_cpus=recipe.num_cpus,
+                            num_gpus=recipe.num_gpus)
     samples = out_dir / "samples" / f"{cfg.kind}.parquet"
     sums = _stream(scored, samples, cfg.progress)
     if not sums:
@@ -168,9 +157,9 @@ def _stream(scored: ray.data.Dataset, samples: Path, progress: bool) -> dict[str
                 docs += batch.num_rows
                 writer = writer or pq.ParquetWriter(partial, batch.schema)
                 writer.write_table(batch)
-                parts.append(batch_sums(batch))
+                parts.append(corpus_batch_sums(batch))
                 if len(parts) >= COLLAPSE_PARTS:
-                    parts = [merge_sums(parts)]
+                    parts = [merge(parts)]
                 bar.update(batch.num_rows)
     except Exception as e:
         if writer:
@@ -185,7 +174,7 @@ def _stream(scored: ray.data.Dataset, samples: Path, progress: bool) -> dict[str
     if writer:
         writer.close()
         os.replace(partial, samples)
-    return merge_sums(parts)
+    return merge(parts)
 
 
 def _worker_error(e: Exception) -> RemoteError | None:
@@ -201,24 +190,17 @@ def _worker_error(e: Exception) -> RemoteError | None:
     if match is None:
         return None
     name, message = match.groups()
-    line = message if name.startswith("raylm.errors.") else f"{name.rsplit('.', 1)[-1]}: {message}"
+    line = message if name.startswith("raylm.") else f"{name.rsplit('.', 1)[-1]}: {message}"
     return RemoteError(f"corpus scoring failed: {line}", text)
 
 
 def results_dict(result: CorpusResult) -> dict[str, Any]:
-    import torch
-    import transformers
-
     cfg = result.config
     return {
         "results": {cfg.kind: result.metrics},
-        "config": {
-            "command": cfg.kind, "model": cfg.model.path, "model_args": cfg.model.as_dict(),
-            "model_b": cfg.model_b.path if cfg.model_b else None,
-            "model_b_args": cfg.model_b.as_dict() if cfg.model_b else None,
+        "config": run_config(
+            cfg.model, result.wall_s, command=cfg.kind, model_b=cfg.model_b.path if cfg.model_b else None,
+            model_b_args=cfg.model_b.as_dict() if cfg.model_b else None,
             **{k: v for k, v in asdict(cfg).items() if k not in ("model", "model_b", "max_length", "stride")},
-            "max_length": result.max_length, "stride": result.stride, "wall_time_s": result.wall_s,
-            "versions": {"raylm": __version__, "ray": ray.__version__, "torch": torch.__version__,
-                         "transformers": transformers.__version__, "python": platform.python_version()},
-        },
+            max_length=result.max_length, stride=result.stride),
     }

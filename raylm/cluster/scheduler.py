@@ -23,9 +23,10 @@ from ray.actor import ActorHandle
 from tqdm import tqdm
 
 from raylm.errors import RaylmError, first_line
-from raylm.runtime import remote_error
-from raylm.shard_sums import ScoredShard
-from raylm.shards import Shard
+from raylm.cluster.failures import remote_error
+from raylm.cluster.runtime import ActorRecipe
+from raylm.requests.shards import ScoredShard
+from raylm.requests.shards import Shard
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,15 @@ def run_shards(actors: list[ActorHandle], shards: list[Shard], progress: bool = 
     return _Schedule(actors, shards, replace, on_result, max_tries).run(progress)
 
 
+def score_shards(actors: list[ActorHandle], recipe: ActorRecipe, shards: list[Shard], progress: bool = True,
+                 on_result: Callable[[Shard, ScoredShard], None] | None = None) -> ScheduleReport:
+    """run_shards with replacements started from `recipe`, keeping `actors` usable: a dead actor in the list is
+    swapped for its replacement, so whoever owns the list can go on using it or release it."""
+    report = run_shards(actors, shards, progress=progress, replace=recipe.start, on_result=on_result)
+    actors[:] = report.actors
+    return report
+
+
 def shard_delay() -> float:
     text = os.environ.get(SHARD_DELAY_ENV, "").strip()
     try:
@@ -80,6 +90,7 @@ class _Schedule:
         self.tries = [0] * len(shards)
         self.results: list[ScoredShard | None] = [None] * len(shards)
         self.live = list(actors)
+        self.original = set(actors)
         self.slots = [a for a in actors for _ in range(IN_FLIGHT_PER_ACTOR)]
         self.in_flight: dict[ray.ObjectRef, tuple[int, ActorHandle]] = {}
         self.starting: dict[ray.ObjectRef, ActorHandle] = {}
@@ -96,6 +107,12 @@ class _Schedule:
                 while self.queue or self.in_flight:
                     self._dispatch()
                     self._wait(bar)
+        except BaseException:
+            # Replacements started here are nobody else's to stop once the run has failed.
+            for actor in self.live:
+                if actor not in self.original:
+                    ray.kill(actor, no_restart=True)
+            raise
         finally:
             for actor in self.starting.values():
                 ray.kill(actor, no_restart=True)

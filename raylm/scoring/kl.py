@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from raylm.batching import budget_batches
+from raylm.scoring.batching import budget_batches
 
 # Two models' logits plus temporaries per kept position: a smaller budget than the Scorer's.
 CPU_TOKEN_BUDGET = 2048

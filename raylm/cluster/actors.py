@@ -13,11 +13,12 @@ import pyarrow.compute as pc
 import ray
 import torch
 
-from raylm.encoding import config_max_length, resolve_max_length
-from raylm.model_loading import ModelSpec, load_model, load_tokenizer
-from raylm.runtime import DeferredStartup
-from raylm.scoring import Scorer
-from raylm.shard_sums import ScoredShard, shard_sums
+from raylm.requests.encoding import config_max_length, resolve_max_length
+from raylm.scoring.models import ModelSpec, load_model, load_tokenizer
+from raylm.cluster.failures import DeferredStartup
+from raylm.scoring.scorer import Scorer
+from raylm.requests.shards import ScoredShard
+from raylm.results.sums import shard_sums
 
 
 def score_shard(scorer: Scorer, kind: str, shard: pa.Table) -> ScoredShard:

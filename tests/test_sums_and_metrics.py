@@ -1,4 +1,4 @@
-"""Batch sums merge to the whole corpus's sums however the stream was cut, and metrics follow from the sums."""
+"""Sums merge to the whole corpus's sums however the stream was cut, and metrics follow from the sums."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from raylm.corpus_metrics import batch_sums, kl_metrics, merge_sums, ppl_metrics
+from raylm.results.metrics import kl_metrics, ppl_metrics, rolling_metrics
+from raylm.results.sums import corpus_batch_sums, merge
 
 
 def doc_rows(n: int, kl: bool) -> pa.Table:
@@ -25,11 +26,11 @@ def doc_rows(n: int, kl: bool) -> pa.Table:
 @pytest.mark.parametrize("kl", [False, True])
 def test_merged_batch_sums_equal_whole_corpus_sums(kl):
     rows = doc_rows(1000, kl)
-    whole = batch_sums(rows)
+    whole = corpus_batch_sums(rows)
     cuts = [0, 1, 7, 300, 301, 999, 1000]
-    parts = [batch_sums(rows.slice(a, b - a)) for a, b in zip(cuts, cuts[1:])]
-    collapsed = merge_sums([merge_sums(parts[:3]), merge_sums(parts[3:])])
-    for merged in (merge_sums(parts), collapsed):
+    parts = [corpus_batch_sums(rows.slice(a, b - a)) for a, b in zip(cuts, cuts[1:])]
+    collapsed = merge([merge(parts[:3]), merge(parts[3:])])
+    for merged in (merge(parts), collapsed):
         assert merged.keys() == whole.keys()
         for key, value in whole.items():
             # Counts add exactly; float sums differ from one fsum over all documents by a rounding per batch.
@@ -47,3 +48,16 @@ def test_metrics_from_sums():
                     "nll_sum_p": 20.0, "nll_sum_q": 30.0, "argmax_disagree": 3})
     assert k["kl_mean"] == 0.05 and k["argmax_disagree"] == 0.3 and k["argmax_disagree_count"] == 3
     assert k["token_perplexity_p"] == math.exp(2.0) and k["token_perplexity_q"] == math.exp(3.0)
+
+
+def test_the_task_and_the_corpus_command_report_the_same_perplexities_for_the_same_sums():
+    counts = {"docs": 2, "tokens": 10, "words": 4, "bytes": 20}
+    task = rolling_metrics({**counts, "nll": 25.0})
+    corpus = ppl_metrics({**counts, "chars": 16, "nll_sum": 25.0})
+    assert task == {f"{key},none": corpus[key] for key in ("word_perplexity", "byte_perplexity", "bits_per_byte",
+                                                            "token_perplexity")}
+
+
+def test_no_units_give_nan_not_a_division_error():
+    m = ppl_metrics({"docs": 1, "tokens": 3, "words": 0, "bytes": 0, "chars": 0, "nll_sum": 2.0})
+    assert math.isnan(m["word_perplexity"]) and math.isnan(m["bits_per_byte"]) and m["token_perplexity"] > 1

@@ -48,6 +48,22 @@ class ModelSpec:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def validate(self) -> None:
+        """Refuse unknown settings where a run starts (the driver, a sweep file), before any actor loads weights."""
+        check_dtype(self.dtype)
+        check_device(self.device)
+        check_quantization(self.quantization)
+
+
+def check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise RaylmError(f"unknown dtype {dtype!r} (use {', '.join(DTYPES)})")
+
+
+def check_device(device: str) -> None:
+    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
+        raise RaylmError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)")
+
 
 def looks_local(path: str) -> bool:
     """Hub ids are 'name' or 'org/name'; anything else is meant as a directory on disk."""
@@ -75,10 +91,9 @@ def check_model_path(spec: ModelSpec) -> None:
 def resolve_device(device: str) -> str:
     import torch
 
+    check_device(device)
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise RaylmError(f"unknown --device '{device}' (use auto, cpu or cuda)")
     return device
 
 
@@ -107,8 +122,7 @@ def load_config(spec: ModelSpec):
 def load_model(spec: ModelSpec) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    if spec.dtype not in DTYPES:
-        raise RaylmError(f"unknown --dtype '{spec.dtype}' (use {', '.join(DTYPES)})")
+    spec.validate()
     device = resolve_device(spec.device)
     # Quantised weights are placed by from_pretrained itself: bitsandbytes models refuse a later `.to()`.
     placement = {"quantization_config": quantization_config(spec.quantization), "device_map": {"": device}} \

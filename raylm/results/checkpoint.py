@@ -21,10 +21,11 @@ import pyarrow.parquet as pq
 
 import raylm
 from raylm.errors import RaylmError
-from raylm.model_loading import ModelSpec, looks_local
-from raylm.shard_sums import ScoredShard, shard_sums
-from raylm.shards import Shard
-from raylm.atomic import write_atomic
+from raylm.scoring.models import ModelSpec, looks_local
+from raylm.requests.shards import ScoredShard
+from raylm.results.sums import shard_sums
+from raylm.requests.shards import Shard
+from raylm.results.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -4,42 +4,75 @@ from __future__ import annotations
 
 import json
 import platform
+from importlib import metadata
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raylm.atomic import write_atomic
+import raylm
+from raylm.config import EvalConfig
 from raylm.errors import RaylmError
-from raylm.evaluate import EvalResult, run_summary
-from raylm.shard_sums import choice_predictions
+from raylm.results.atomic import write_atomic
+from raylm.results.predictions import choice_predictions
+from raylm.scoring.models import ModelSpec
+
+
+VERSIONED = ("ray", "torch", "transformers")  # installed distributions whose versions decide a run's numbers
+
+
+@dataclass
+class TaskResult:
+    name: str
+    kind: str
+    metrics: dict[str, float]
+    sums: dict[str, float]
+    n_docs_original: int
+    scored: pa.Table
+
+
+@dataclass
+class EvalResult:
+    """A finished `raylm eval` run, as the driver hands it to the report."""
+
+    config: EvalConfig
+    tasks: dict[str, TaskResult]
+    wall_s: float
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def run_config(model: ModelSpec, wall_s: float, **fields: object) -> dict[str, Any]:
+    """The `config` every raylm results.json carries: the model, what the run was asked, its wall time, and the
+    versions of what computed it."""
+    versions = {"raylm": raylm.__version__, **{name: metadata.version(name) for name in VERSIONED},
+                "python": platform.python_version()}
+    return {"model": model.path, "model_args": model.as_dict(), **fields, "wall_time_s": wall_s,
+            "versions": versions}
 
 
 def results_dict(result: EvalResult) -> dict[str, Any]:
-    import ray
-    import torch
-    import transformers
-
     cfg = result.config
     return {
         "results": {name: {"alias": name, **t.metrics} for name, t in result.tasks.items()},
         "n-samples": {name: {"original": t.n_docs_original, "effective": int(t.sums["docs"])}
                       for name, t in result.tasks.items()},
         "sums": {name: t.sums for name, t in result.tasks.items()},
-        "config": {
-            "model": cfg.model.path, "model_args": cfg.model.as_dict(), "dtype": cfg.model.dtype,
-            "quantization": cfg.model.quantization, "num_gpus": cfg.num_gpus, "num_cpus": cfg.num_cpus,
-            "tasks": list(cfg.tasks), "limit": cfg.limit, "num_fewshot": cfg.num_fewshot, "seed": cfg.seed,
-            "batch_size": cfg.batch_size or "auto", "actors": cfg.actors, "data_dir": str(cfg.data_dir or "hub"),
-            "wall_time_s": result.wall_s,
-            "versions": {"raylm": result.extra.get("raylm_version"), "ray": ray.__version__,
-                         "torch": torch.__version__, "transformers": transformers.__version__,
-                         "python": platform.python_version()},
-            **{k: v for k, v in result.extra.items() if k != "raylm_version"},
-        },
+        "config": run_config(
+            cfg.model, result.wall_s, dtype=cfg.model.dtype, quantization=cfg.model.quantization,
+            num_gpus=cfg.num_gpus, num_cpus=cfg.num_cpus, tasks=list(cfg.tasks), limit=cfg.limit,
+            num_fewshot=cfg.num_fewshot, seed=cfg.seed, batch_size=cfg.batch_size or "auto", actors=cfg.actors,
+            data_dir=str(cfg.data_dir or "hub"), **result.extra),
     }
+
+
+def run_summary(extra: dict[str, object], wall_s: float) -> str:
+    """The final line: what was scored here, what had to be retried, and what came from a checkpoint."""
+    return (f"{extra['requests_scored']} requests scored in {extra['shards']} shards, "
+            f"{extra['shards_retried']} retried, {extra['shards_resumed']} resumed from checkpoint, "
+            f"wall time {wall_s:.1f} s")
 
 
 def prepare_output(out_dir: Path) -> None:

@@ -14,15 +14,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import ray
-
+from raylm.cluster.runtime import actor_pids, connect, cpu_share, kill, set_batch_size, start_actors, wants_gpu
 from raylm.errors import RaylmError, RemoteError
 from raylm.evaluate import evaluate
-from raylm.model_loading import check_model_path
-from raylm.plots import write_reports
-from raylm.report import prepare_output, write_atomic, write_results, write_samples
-from raylm.runtime import connect, start_actors
-from raylm.sweep_config import Sweep, SweepModel, SweepPoint
+from raylm.results.atomic import write_atomic
+from raylm.results.report import prepare_output, write_results, write_samples
+from raylm.scoring.models import check_model_path
+from raylm.sweep.config import Sweep, SweepModel, SweepPoint
+from raylm.sweep.plots import METRICS_PNG, plot_metrics, plot_norm_scores
+from raylm.sweep.summary import SUMMARY_CSV, SUMMARY_MD, collect, summary_csv, summary_markdown
+from raylm.tasks import get_task
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +80,9 @@ def _cpus_per_actor(sweep: Sweep, models: int) -> float | None:
     models would run one after another); GPU actors keep runtime's fractional-CPU default."""
     if sweep.num_cpus is not None:
         return sweep.num_cpus
-    resources = ray.cluster_resources()
-    on_gpu = sweep.num_gpus or (resources.get("GPU", 0) and all(m.spec.device != "cpu" for m in sweep.models))
-    if on_gpu:
+    if all(wants_gpu(m.spec, sweep.num_gpus) for m in sweep.models):
         return None
-    return max(1.0, math.floor(resources.get("CPU", 1) / (models * sweep.actors_per_model)))
+    return max(1.0, math.floor(cpu_share(models * sweep.actors_per_model)))
 
 
 def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], out: Path, run: ModelRun,
@@ -91,9 +90,9 @@ def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], out: P
     actors = start_actors(model.spec, sweep.actors_per_model, None, sweep.num_gpus, num_cpus)
     run.loads += len(actors)
     try:
-        run.actor_pids = ray.get([a.ready.remote() for a in actors])
+        run.actor_pids = actor_pids(actors)
         for point in points:
-            ray.get([a.set_batch_size.remote(point.batch_size) for a in actors])
+            set_batch_size(actors, point.batch_size)
             result = evaluate(replace(sweep.config(model, point), num_cpus=num_cpus), actors)
             result.extra["sweep"] = {"file": str(sweep.source), "model": model.name, "point": point.name,
                                      "actor_pids": run.actor_pids}
@@ -108,8 +107,21 @@ def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], out: P
     except RaylmError as e:
         raise RaylmError(f"{model.name}: {e}") from e
     finally:
-        for actor in actors:
-            ray.kill(actor)
+        kill(actors)
+
+
+def write_reports(sweep: Sweep, out: Path) -> list[Path]:
+    """summary.csv, summary.md, metrics.png and a score histogram per multiple-choice task, over all points."""
+    rows = collect(sweep, out)
+    paths = [out / SUMMARY_CSV, out / SUMMARY_MD, out / METRICS_PNG]
+    write_atomic(paths[0], summary_csv(sweep, rows).encode())
+    write_atomic(paths[1], summary_markdown(sweep, rows).encode())
+    plot_metrics(sweep, rows, paths[2])
+    for task in sweep.tasks:
+        if get_task(task).kind == "multiple_choice":
+            paths.append(out / f"{task}_norm_scores.png")
+            plot_norm_scores(task, rows, paths[-1])
+    return paths
 
 
 def _write_manifest(out: Path, runs: dict[str, ModelRun]) -> None:

@@ -11,7 +11,8 @@ import logging
 
 import pyarrow as pa
 
-from raylm.encoding import Encoder, rolling_windows
+from raylm.requests.encoding import Encoder
+from raylm.requests.windows import strided_windows
 from raylm.errors import RaylmError
 from raylm.tasks import ChoiceDoc, Doc, Task, TextDoc
 
@@ -51,7 +52,7 @@ def _choice_requests(docs: list[ChoiceDoc], encoder: Encoder, cols: dict[str, li
 
 def _rolling_requests(docs: list[TextDoc], encoder: Encoder, cols: dict[str, list]) -> None:
     for doc, tokens in zip(docs, encoder.encode_many([d.text for d in docs])):
-        windows = rolling_windows(tokens, encoder.prefix_token, encoder.max_length)
+        windows = strided_windows(tokens, encoder.prefix_token, encoder.max_length, encoder.max_length)
         for req_idx, (context, continuation) in enumerate(windows):
             first = req_idx == 0
             _append(cols, doc.doc_id, req_idx, context, continuation, -1, 0,

@@ -1,4 +1,5 @@
-"""Requests table -> shards: Arrow slices cut on document boundaries, the unit of work an actor scores."""
+"""Requests table -> shards (Arrow slices cut on document boundaries, the unit of work an actor scores), and what
+an actor sends back for one."""
 
 from __future__ import annotations
 
@@ -16,6 +17,15 @@ class Shard:
     kind: str
     index: int
     table: pa.Table
+
+
+@dataclass
+class ScoredShard:
+    """What an actor sends back for one shard: its scored requests, their sums, and who scored them."""
+
+    table: pa.Table
+    sums: dict[str, float]
+    pid: int
 
 
 def cut(table: pa.Table, max_requests: int) -> list[pa.Table]:

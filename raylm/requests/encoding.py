@@ -2,8 +2,8 @@
 
 Matching lm-eval here is what makes raylm's numbers trustworthy to someone switching tools, so each quirk is
 kept on purpose: the tokenizer's own special-token default (a Llama tokenizer prepends BOS to context and
-whole alike), trailing context spaces moved into the continuation, continuation = tail of the joint encoding,
-and lm-eval's rolling windows that predict every token exactly once.
+whole alike), trailing context spaces moved into the continuation, continuation = tail of the joint encoding.
+(Rolling windows are raylm.requests.windows.)
 """
 
 from __future__ import annotations
@@ -92,25 +92,3 @@ class Encoder:
 def _move_trailing_space(context: str, continuation: str) -> tuple[str, str]:
     stripped = context.rstrip()
     return stripped, context[len(stripped):] + continuation
-
-
-def rolling_windows(tokens: list[int], prefix_token: int, max_length: int) -> list[tuple[list[int], list[int]]]:
-    """Cover `tokens` with windows of at most max_length inputs that predict each token exactly once.
-
-    The first window is conditioned on the prefix token; each later one on the tokens just before it, so the
-    last, shorter window still sees a full context (lm-eval's get_rolling_token_windows + make_disjoint_window
-    with context_len=1). Returned as (context, continuation) requests.
-    """
-    windows: list[tuple[list[int], list[int]]] = []
-    if not tokens:
-        return windows
-    first = min(max_length, len(tokens))
-    windows.append(([prefix_token], tokens[:first]))
-    predicted = first
-    while predicted < len(tokens):
-        n = min(len(tokens) - predicted, max_length)
-        end = predicted + n
-        inputs = tokens[max(0, end - max_length - 1):end - 1]
-        windows.append((inputs[:len(inputs) - (n - 1)], tokens[end - n:end]))
-        predicted = end
-    return windows

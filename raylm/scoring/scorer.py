@@ -1,7 +1,7 @@
 """The scorer: plain torch, no Ray, so it can be called and tested in-process.
 
 Consecutive requests that share a token prefix (a document's endings) are packed into one row that runs the
-prefix once (raylm.prefix_packing). Rows are sorted by length and packed into batches under a token budget with
+prefix once (raylm.scoring.packing). Rows are sorted by length and packed into batches under a token budget with
 right padding. Only the hidden states that predict continuation tokens reach the LM head: the vocabulary
 projection, as costly as the whole body for a GPT-2-sized model, is never paid for context positions. Token
 log-probs come from float32 logits whatever the model dtype, and are summed per request in float64.
@@ -16,8 +16,8 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from raylm.batching import budget_batches
-from raylm.prefix_packing import PREFIX, PackedRow, pack, plan_groups
+from raylm.scoring.batching import budget_batches
+from raylm.scoring.packing import PREFIX, PackedRow, pack, plan_groups
 
 log = logging.getLogger(__name__)
 

@@ -11,23 +11,22 @@ import itertools
 import os
 import re
 from dataclasses import dataclass, replace
-from importlib import resources
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 
+from raylm.config import DEFAULT_FEWSHOT_SEED, EvalConfig
+from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.errors import RaylmError
-from raylm.evaluate import DEFAULT_FEWSHOT_SEED, EvalConfig
-from raylm.model_loading import DTYPES, QUANTIZATIONS, ModelSpec, looks_local
+from raylm.scoring.models import QUANTIZATIONS, ModelSpec, check_device, check_dtype, looks_local
 from raylm.tasks import TASKS
 
 PACKAGED = "raylm:demo"  # the packaged stories260K model (as a model path) or the packaged data (as data_dir)
-DEMO = resources.files("raylm") / "demo"
 TOP_KEYS = ("models", "tasks", "settings", "data_dir", "seed", "device", "actors_per_model", "num_gpus", "num_cpus")
 MODEL_KEYS = ("path", "name", "dtype", "load_in_4bit", "load_in_8bit", "revision")
 SETTING_KEYS = ("num_fewshot", "limit", "batch_size", "dtype", "quantization")
-MODEL_SETTINGS = ("dtype", "quantization")
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -99,6 +98,14 @@ class _Reader:
             raise self.fail(node, key, "must not be empty")
         return [(item, self.scalar(item, key)) for item in items]
 
+    def checked(self, node: yaml.Node, key: str, check: Callable[[Any], None], value: Any) -> Any:
+        """`value`, after `check` (which raises a RaylmError) passed it; the error names this node's line."""
+        try:
+            check(value)
+        except RaylmError as e:
+            raise self.fail(node, key, str(e)) from e
+        return value
+
     def typed(self, node: yaml.Node, key: str, kind: type | tuple[type, ...], what: str) -> Any:
         value = self.scalar(node, key)
         kinds = kind if isinstance(kind, tuple) else (kind,)
@@ -157,10 +164,9 @@ def _positive(r: _Reader, top: dict[str, yaml.Node], key: str, kind: type | tupl
 
 
 def _device(r: _Reader, top: dict[str, yaml.Node]) -> str:
-    device = r.typed(top["device"], "device", str, "a string") if "device" in top else "auto"
-    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
-        raise r.fail(top["device"], "device", f"unknown device {device!r} (use auto, cpu or cuda)")
-    return device
+    if "device" not in top:
+        return "auto"
+    return r.checked(top["device"], "device", check_device, r.typed(top["device"], "device", str, "a string"))
 
 
 def _tasks(r: _Reader, node: yaml.Node) -> tuple[str, ...]:
@@ -174,7 +180,7 @@ def _tasks(r: _Reader, node: yaml.Node) -> tuple[str, ...]:
 
 def _data_dir(r: _Reader, node: yaml.Node, base: Path) -> Path:
     value = r.typed(node, "data_dir", str, "a directory")
-    path = Path(str(DEMO / "data")) if value == PACKAGED else (base / Path(value).expanduser()).resolve()
+    path = DEMO_DATA if value == PACKAGED else (base / Path(value).expanduser()).resolve()
     if not path.is_dir():
         raise r.fail(node, "data_dir", f"directory '{path}' does not exist")
     return path
@@ -183,7 +189,7 @@ def _data_dir(r: _Reader, node: yaml.Node, base: Path) -> Path:
 def _model_path(value: str, base: Path) -> str:
     """The packaged demo, a directory relative to the sweep file, or else a hub id."""
     if value == PACKAGED:
-        return str(DEMO / "models" / "stories260K-hf")
+        return str(DEMO_MODEL)
     local = base / Path(value).expanduser()
     # abspath, not resolve: a symlinked model keeps the name it was given.
     return os.path.abspath(local) if looks_local(value) or local.exists() else value
@@ -196,8 +202,7 @@ def _models(r: _Reader, node: yaml.Node, grid: dict[str, yaml.Node], base: Path,
     dtypes = r.values(grid["dtype"], "settings.dtype") if "dtype" in grid else []
     quants = r.values(grid["quantization"], "settings.quantization") if "quantization" in grid else []
     for item, value in dtypes:
-        if value not in DTYPES:
-            raise r.fail(item, "settings.dtype", f"unknown dtype {value!r} (use {', '.join(DTYPES)})")
+        r.checked(item, "settings.dtype", check_dtype, value)
     for item, value in quants:
         if value not in (None, "none", *QUANTIZATIONS):
             raise r.fail(item, "settings.quantization",
@@ -237,9 +242,8 @@ def _model(r: _Reader, item: yaml.Node, key: str, base: Path, device: str, grid_
     if "dtype" in fields:
         if grid_dtype:
             raise r.fail(fields["dtype"], f"{key}.dtype", "also given in settings.dtype; set it in one place")
-        spec = replace(spec, dtype=r.typed(fields["dtype"], f"{key}.dtype", str, "a dtype"))
-        if spec.dtype not in DTYPES:
-            raise r.fail(fields["dtype"], f"{key}.dtype", f"unknown dtype {spec.dtype!r} (use {', '.join(DTYPES)})")
+        dtype = r.typed(fields["dtype"], f"{key}.dtype", str, "a dtype")
+        spec = replace(spec, dtype=r.checked(fields["dtype"], f"{key}.dtype", check_dtype, dtype))
     for bits in QUANTIZATIONS:
         flag = f"load_in_{bits}"
         if flag in fields and r.typed(fields[flag], f"{key}.{flag}", bool, "true or false"):

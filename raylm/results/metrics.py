@@ -1,0 +1,57 @@
+"""Merged sums -> metrics: lm-evaluation-harness's (under its names) for tasks, and the corpus commands'."""
+
+from __future__ import annotations
+
+import math
+
+
+def _mean_and_stderr(hits: int, n: int) -> tuple[float, float]:
+    """Mean of 0/1 outcomes and its standard error: sample standard deviation / sqrt(n), as lm-eval computes it."""
+    p = hits / n
+    return p, math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else float("nan")
+
+
+def choice_metrics(sums: dict[str, float], names: tuple[str, ...]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, key in (("acc", "correct"), ("acc_norm", "correct_norm")):
+        if name in names:
+            mean, stderr = _mean_and_stderr(int(sums[key]), int(sums["docs"]))
+            out[f"{name},none"] = mean
+            out[f"{name}_stderr,none"] = stderr
+    return out
+
+
+def perplexities(nll: float, counts: dict[str, float]) -> dict[str, float]:
+    """Per-unit perplexities of a total NLL (nats), weighted by the whole corpus (total NLL over total units, not
+    a mean of per-document values); nan where there are no units to divide by."""
+    out = {f"{unit}_perplexity": math.exp(_ratio(nll, counts[f"{unit}s"])) for unit in ("token", "word", "byte")}
+    out["bits_per_byte"] = _ratio(nll, counts["bytes"]) / math.log(2)
+    if "chars" in counts:
+        out["bits_per_char"] = _ratio(nll, counts["chars"]) / math.log(2)
+    return out
+
+
+def rolling_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """lm-eval's perplexity metrics (plus token perplexity) under its `,none` filter suffix."""
+    values = perplexities(sums["nll"], sums)
+    return {f"{key},none": values[key] for key in ("word_perplexity", "byte_perplexity", "bits_per_byte",
+                                                   "token_perplexity")}
+
+
+def ppl_metrics(sums: dict[str, float]) -> dict[str, float]:
+    return {**sums, **perplexities(sums["nll_sum"], sums)}
+
+
+def kl_metrics(sums: dict[str, float]) -> dict[str, float]:
+    return {
+        **sums,
+        "kl_mean": _ratio(sums["kl_sum"], sums["tokens"]),
+        "argmax_disagree": _ratio(sums["argmax_disagree"], sums["tokens"]),
+        "argmax_disagree_count": sums["argmax_disagree"],
+        "token_perplexity_p": math.exp(_ratio(sums["nll_sum_p"], sums["tokens"])),
+        "token_perplexity_q": math.exp(_ratio(sums["nll_sum_q"], sums["tokens"])),
+    }
+
+
+def _ratio(total: float, count: float) -> float:
+    return total / count if count else float("nan")

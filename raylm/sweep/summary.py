@@ -1,0 +1,86 @@
+"""A finished sweep's points -> summary.csv and summary.md, read back from each point's results.json.
+
+The summaries and plots read what the points wrote, never in-memory results, so a resumed sweep reports its old
+points exactly like its new ones.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raylm.sweep.config import Sweep
+
+SUMMARY_METRICS = ("acc", "acc_norm", "word_perplexity", "bits_per_byte")
+SETTING_COLUMNS = ("dtype", "quantization", "num_fewshot", "limit", "batch_size")
+SUMMARY_CSV, SUMMARY_MD = "summary.csv", "summary.md"
+
+
+@dataclass(frozen=True)
+class Row:
+    model: str
+    point: str
+    directory: Path
+    results: dict[str, Any]
+
+    def metric(self, task: str, metric: str) -> tuple[float | None, float | None]:
+        values = self.results["results"].get(task, {})
+        return values.get(f"{metric},none"), values.get(f"{metric}_stderr,none")
+
+
+def collect(sweep: Sweep, out: Path) -> list[Row]:
+    rows = []
+    for model in sweep.models:
+        for point in sweep.points:
+            directory = out / model.name / point.name
+            rows.append(Row(model.name, point.name, directory, json.loads((directory / "results.json").read_text())))
+    return rows
+
+
+def all_metrics(sweep: Sweep, rows: list[Row]) -> list[tuple[str, str]]:
+    """(task, metric) pairs in the order results.json lists them, stderr keys folded into their metric."""
+    seen: dict[tuple[str, str], None] = {}
+    for task in sweep.tasks:
+        for row in rows:
+            for key in row.results["results"].get(task, {}):
+                if key.endswith(",none") and "_stderr" not in key:
+                    seen[(task, key.split(",")[0])] = None
+    return list(seen)
+
+
+def summary_csv(sweep: Sweep, rows: list[Row]) -> str:
+    metrics = all_metrics(sweep, rows)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["model", "point", *SETTING_COLUMNS, *(f"{t} {m}{s}" for t, m in metrics for s in ("", " stderr"))])
+    for row in rows:
+        config = row.results["config"]
+        cells: list[Any] = [row.model, row.point, *(config.get(c) for c in SETTING_COLUMNS)]
+        for task, metric in metrics:
+            cells.extend("" if v is None else repr(v) for v in row.metric(task, metric))
+        writer.writerow(cells)
+    return buf.getvalue()
+
+
+def headline_metrics(sweep: Sweep, rows: list[Row]) -> list[tuple[str, str]]:
+    return [(t, m) for t, m in all_metrics(sweep, rows) if m in SUMMARY_METRICS]
+
+
+def summary_markdown(sweep: Sweep, rows: list[Row]) -> str:
+    """Rows are models (× points), columns the headline metric of each task with its standard error."""
+    metrics = headline_metrics(sweep, rows)
+    header = ["model", "point", *(f"{t} {m}" for t, m in metrics)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [row.model, row.point]
+        for task, metric in metrics:
+            value, stderr = row.metric(task, metric)
+            cells.append("" if value is None else f"{value:.4f}" + ("" if stderr is None or math.isnan(stderr)
+                                                                   else f" ± {stderr:.4f}"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,72 @@
+"""The layout's rules, checked on the source: each stage imports only the stages before it, scoring is plain torch
+(no Ray), and only cluster/ and corpus/ touch Ray."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RAYLM = Path(__file__).resolve().parents[1] / "raylm"
+
+# package -> the raylm packages it may import (besides itself and errors). Top-level modules are named bare.
+ALLOWED = {
+    "data": set(),
+    "tasks": {"data"},
+    "requests": {"tasks"},
+    "scoring": set(),
+    "config": {"requests", "scoring", "tasks"},
+    "results": {"config", "requests", "scoring", "tasks"},
+    "cluster": {"requests", "results", "scoring"},
+    "corpus": {"cluster", "data", "requests", "results", "scoring"},
+    "evaluate": {"cluster", "config", "requests", "results", "scoring", "tasks"},
+    "sweep": {"cluster", "config", "data", "evaluate", "results", "scoring", "tasks"},
+    "cli": {"cluster", "config", "corpus", "data", "evaluate", "requests", "results", "scoring", "sweep", "tasks"},
+    "__main__": {"cli"},
+}
+RAY_USERS = {"cluster", "corpus"}
+
+
+def modules() -> list[tuple[str, Path]]:
+    out = []
+    for path in sorted(RAYLM.rglob("*.py")):
+        parts = path.relative_to(RAYLM).with_suffix("").parts
+        if parts not in (("__init__",), ("errors",)):
+            out.append((parts[0], path))
+    return out
+
+
+def imported(path: Path) -> set[str]:
+    """Every module name an import statement in the file names, at any depth (function-level imports too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("package,path", modules(), ids=lambda v: str(v.relative_to(RAYLM)) if isinstance(v, Path)
+                         else v)
+def test_each_module_imports_only_earlier_stages(package, path):
+    raylm_packages = {n.split(".")[1] for n in imported(path) if n.startswith("raylm.")} - {package, "errors"}
+    assert raylm_packages <= ALLOWED[package], f"{path.name} imports {raylm_packages - ALLOWED[package]}"
+    uses_ray = any(n == "ray" or n.startswith("ray.") for n in imported(path))
+    assert not uses_ray or package in RAY_USERS, f"{path.name} imports Ray outside cluster/ and corpus/"
+
+
+def test_every_package_is_covered():
+    assert {package for package, _ in modules()} == set(ALLOWED)
+
+
+def test_scoring_runs_without_ray_installed():
+    """The scorer is plain torch: importable, and usable, in a process where `import ray` fails."""
+    probe = ("import sys; sys.modules['ray'] = None\n"
+             "import raylm.scoring.scorer, raylm.scoring.kl, raylm.scoring.models, raylm.scoring.packing\n"
+             "print('ok')")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
