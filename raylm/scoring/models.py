@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ QUANTIZATION_PACKAGES = ("bitsandbytes", "accelerate")
 # warning (once per actor, on every 4-bit load) tells a raylm user nothing they can act on.
 BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
 HUB_KERNEL_WARNING = "Failed to load CPU gemm_4bit_forward from kernels-community"
+_TRANSFORMERS_IMPORT = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -97,8 +99,18 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def _from_transformers(name: str) -> Any:
+    """transformers.<name>, imported under a lock. transformers resolves its top-level names lazily, and two threads
+    resolving them for the first time at once (a sweep tokenises each model on its own thread) can fail with
+    "cannot import name 'AutoTokenizer' from 'transformers'"."""
+    with _TRANSFORMERS_IMPORT:
+        import transformers
+
+        return getattr(transformers, name)
+
+
 def load_tokenizer(spec: ModelSpec):
-    from transformers import AutoTokenizer
+    AutoTokenizer = _from_transformers("AutoTokenizer")
 
     try:
         return AutoTokenizer.from_pretrained(_source(spec), revision=spec.revision,
@@ -110,7 +122,7 @@ def load_tokenizer(spec: ModelSpec):
 def load_config(spec: ModelSpec):
     """The model's config (its context length, its MLP width) without its weights, from the same source as
     load_tokenizer and load_model: `~` expanded, revision and remote-code setting honoured."""
-    from transformers import AutoConfig
+    AutoConfig = _from_transformers("AutoConfig")
 
     try:
         return AutoConfig.from_pretrained(_source(spec), revision=spec.revision,
@@ -120,7 +132,7 @@ def load_config(spec: ModelSpec):
 
 
 def load_model(spec: ModelSpec) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM = _from_transformers("AutoModelForCausalLM")
 
     spec.validate()
     device = resolve_device(spec.device)
