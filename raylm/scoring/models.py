@@ -110,25 +110,21 @@ def _from_transformers(name: str) -> Any:
 
 
 def load_tokenizer(spec: ModelSpec):
-    AutoTokenizer = _from_transformers("AutoTokenizer")
-
-    try:
-        return AutoTokenizer.from_pretrained(_source(spec), revision=spec.revision,
-                                             trust_remote_code=spec.trust_remote_code)
-    except (OSError, ValueError) as e:
-        raise RaylmError(f"could not load the tokenizer of '{spec.path}': {first_line(e)}") from e
+    return _from_pretrained("AutoTokenizer", "the tokenizer", spec)
 
 
 def load_config(spec: ModelSpec):
     """The model's config (its context length, its MLP width) without its weights, from the same source as
     load_tokenizer and load_model: `~` expanded, revision and remote-code setting honoured."""
-    AutoConfig = _from_transformers("AutoConfig")
+    return _from_pretrained("AutoConfig", "the config", spec)
 
+
+def _from_pretrained(auto_class: str, what: str, spec: ModelSpec) -> Any:
     try:
-        return AutoConfig.from_pretrained(_source(spec), revision=spec.revision,
-                                          trust_remote_code=spec.trust_remote_code)
+        return _from_transformers(auto_class).from_pretrained(_source(spec), revision=spec.revision,
+                                                              trust_remote_code=spec.trust_remote_code)
     except (OSError, ValueError) as e:
-        raise RaylmError(f"could not load the config of '{spec.path}': {first_line(e)}") from e
+        raise RaylmError(f"could not load {what} of '{spec.path}': {first_line(e)}") from e
 
 
 def load_model(spec: ModelSpec) -> torch.nn.Module:
