@@ -427,6 +427,13 @@ def test_load_implementation_is_explicit_and_a_stated_one_is_left_alone(zoo):
     assert load_implementation(config, trust_remote_code=True) is None
 
 
+def test_load_model_asks_for_the_implementation_load_implementation_chooses(zoo, monkeypatch):
+    import raylm.scoring.models as models
+
+    monkeypatch.setattr(models, "load_implementation", lambda config, trust_remote_code: EAGER)
+    assert load_model(zoo.spec("llama")).config._attn_implementation == EAGER
+
+
 def test_config_json_attn_implementation_wins_and_the_plan_follows_it(zoo, real, tmp_path):
     """A config.json "_attn_implementation" overrides from_pretrained's argument: the plan is made from what the
     loaded model has. Eager is proven; an implementation that takes no 4D mask is scored unpacked, correctly."""
