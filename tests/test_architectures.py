@@ -221,13 +221,14 @@ def wrong_layouts(plan: AttentionPlan) -> dict[str, tuple]:
 
 
 @pytest.mark.parametrize("family", WINDOWED)
-def test_negative_controls_a_wrong_window_is_caught(zoo, real, family):
+def test_negative_controls_a_wrong_window_is_caught(zoo, real, family, record_property):
     """The matrix cannot pass vacuously: the same comparison fails for every wrong layout of a windowed family."""
     model = zoo.model(family)
     plan = attention_plan(model)
     alone = score(Scorer(model, MAX_LENGTH, share_prefixes=False), real)
     for label, masks in wrong_layouts(plan).items():
         wrong = score(Scorer(model, MAX_LENGTH, plan=replace(plan, masks=masks)), real)
+        record_property(f"max_abs_{label}", float(np.abs(wrong - alone).max()))
         assert np.abs(wrong - alone).max() > WRONG, label
 
 
