@@ -19,7 +19,7 @@ from raylm.requests.shards import ScoredShard, Shard, make_shards
 from raylm.requests.table import build_requests
 from raylm.results.checkpoint import Checkpoint, fingerprint
 from raylm.results.metrics import choice_metrics, rolling_metrics
-from raylm.results.report import EvalResult, TaskResult, run_summary
+from raylm.results.report import EvalResult, TaskResult, prefix_sharing, run_summary
 from raylm.results.sums import merge
 from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer
 from raylm.tasks import ChoiceDoc, get_task
@@ -138,6 +138,7 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
         results[name] = TaskResult(name, kind, metrics, sums, docs[name][1], table)
     wall = time.time() - start
     extra = {"shards": len(shards), "max_length": encoder.max_length,
+             "prefix_sharing": prefix_sharing(scored[s.index].prefix_sharing for s in shards),
              "requests_scored": sum(s.table.num_rows for s in todo), "shards_retried": report.retried,
              "shards_resumed": resumed, "actors_replaced": report.replaced, "ray_gcs_address": gcs_address()}
     log.info("%s", run_summary(extra, wall))

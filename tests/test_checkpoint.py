@@ -21,7 +21,7 @@ MANIFEST_A = {"limit": 2, "data": {"hellaswag": "abc"}}
 
 def scored(shard: Shard) -> ScoredShard:
     table = shard.table.append_column("loglikelihood", pa.array([-1.5, -0.25][: shard.table.num_rows]))
-    return ScoredShard(table, shard_sums(shard.kind, table), 1234)
+    return ScoredShard(table, shard_sums(shard.kind, table), 1234, "packed (proven family: LlamaForCausalLM, sdpa)")
 
 
 def test_saved_shards_come_back_identical(tmp_path):
@@ -31,6 +31,7 @@ def test_saved_shards_come_back_identical(tmp_path):
     assert list(again) == [1]
     assert again[1].table.equals(scored(SHARDS[1]).table)
     assert again[1].sums == scored(SHARDS[1]).sums and again[1].pid == 1234
+    assert again[1].prefix_sharing == scored(SHARDS[1]).prefix_sharing  # a resumed run still records the verdict
     assert not list((tmp_path / CHECKPOINT_DIR / "shards").glob(".*"))  # no temp files left behind
 
 

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import DATA, run_cli
-from raylm.corpus.run import CorpusConfig, run_corpus
+from raylm.corpus.run import CorpusConfig, results_dict, run_corpus
 from raylm.corpus.doc_scoring import DocPerplexity
 from raylm.requests.encoding import Encoder
 from raylm.errors import RaylmError
@@ -85,6 +85,8 @@ def test_same_documents_give_identical_metrics_in_every_format(spec, lines, parq
 def test_results_file_and_per_document_samples(parquet_run, lines, tmp_path_factory):
     _, result, docs = parquet_run
     assert docs["doc"].to_pylist() == list(range(len(lines)))
+    assert "prefix_sharing" not in docs.column_names  # the actors' verdict goes to results.json only
+    assert results_dict(result)["config"]["prefix_sharing"] == "packed (proven family: LlamaForCausalLM, sdpa)"
     assert docs["words"].to_pylist() == [len(t.split()) for t in lines]
     assert docs["bytes"].to_pylist() == [len(t.encode()) for t in lines]
     assert result.metrics["nll_sum"] == pytest.approx(math.fsum(docs["nll"].to_pylist()), rel=1e-12)
@@ -139,6 +141,7 @@ def test_kl_between_different_models_is_positive(spec, perturbed, parquet_run, t
     data, ppl, _ = parquet_run
     result, docs = run(spec, data, tmp_path, model_b=perturbed, text_column="body", max_length=64)
     m = result.metrics
+    assert results_dict(result)["config"]["prefix_sharing"] == "unpacked (raylm kl scores each window in its own row)"
     assert m["kl_mean"] > 0 and all(kl > 0 for kl in docs["kl"].to_pylist())
     assert 0 < m["argmax_disagree"] < 1
     # P's perplexity comes from the KL scorer's own forward pass, ppl's from the shared-prefix Scorer: the same

@@ -15,6 +15,7 @@ from conftest import DATA
 from raylm.config import EvalConfig
 from raylm.evaluate import evaluate
 from raylm.results.metrics import choice_metrics, rolling_metrics
+from raylm.results.report import results_dict
 from raylm.scoring.models import ModelSpec
 from raylm.cluster.runtime import start_actors
 from raylm.results.sums import merge, shard_sums
@@ -42,6 +43,11 @@ def test_two_actors_are_two_processes_that_both_score(runs):
     result, pids = runs[2]
     assert len(set(pids)) == 2 and os.getpid() not in pids
     assert result.extra["shards"] > 2
+
+
+def test_results_record_the_actors_prefix_sharing_verdict(runs):
+    for result, _ in runs.values():
+        assert results_dict(result)["config"]["prefix_sharing"] == "packed (proven family: LlamaForCausalLM, sdpa)"
 
 
 def test_metrics_do_not_depend_on_actors_or_shard_size(runs):

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import STORIES
+from raylm.scoring.attention import attention_plan
 from raylm.scoring.packing import PREFIX, pack, plan_groups
 from raylm.scoring.scorer import Scorer
 from reference import float64_copy, reference_score
@@ -126,7 +127,8 @@ def test_hellaswag_prefix_runs_once_and_head_sees_only_continuation_positions(ti
         head_rows += len(in_prefix) + sum(1 for x, (_, k) in zip(inputs, mine)
                                           for t in range(len(x) - len(k), len(x)) if t >= shared)
     counting = Counting(model)
-    scorer = Scorer(counting, encoder.max_length)
+    # The wrapper is no class the rule knows (so it would be scored unpacked): give it the wrapped model's plan.
+    scorer = Scorer(counting, encoder.max_length, plan=attention_plan(model))
     for doc in sorted(set(doc_ids)):  # one document per call: one row, so no padding is counted
         mine = [i for i, d in enumerate(doc_ids) if d == doc]
         scorer.score([contexts[i] for i in mine], [continuations[i] for i in mine], [doc] * len(mine))
@@ -156,7 +158,8 @@ def test_out_of_memory_halves_the_budget_and_loses_nothing(tiny_llama):
     for _, table in tables.values():
         contexts, continuations = table["context"].to_pylist(), table["continuation"].to_pylist()
         expected = Scorer(model, encoder.max_length, token_budget=4096).score(contexts, continuations)
-        scorer = Scorer(OutOfMemoryAbove(model, 600), encoder.max_length, token_budget=4096)
+        scorer = Scorer(OutOfMemoryAbove(model, 600), encoder.max_length, token_budget=4096,
+                        plan=attention_plan(model))
         got = scorer.score(contexts, continuations)
         assert scorer.token_budget == 512
         np.testing.assert_allclose(got[0], expected[0], rtol=0, atol=1e-5)
@@ -165,6 +168,6 @@ def test_out_of_memory_halves_the_budget_and_loses_nothing(tiny_llama):
 
 def test_out_of_memory_on_a_single_request_is_raised(tiny_llama):
     model = AutoModelForCausalLM.from_pretrained(tiny_llama)
-    scorer = Scorer(OutOfMemoryAbove(model, 10), 128, token_budget=4096)
+    scorer = Scorer(OutOfMemoryAbove(model, 10), 128, token_budget=4096, plan=attention_plan(model))
     with pytest.raises(torch.cuda.OutOfMemoryError):
         scorer.score([[1] * 20], [[5, 6]])

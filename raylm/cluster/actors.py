@@ -1,7 +1,9 @@
 """Scoring actors: each keeps one model resident and scores whatever shards it is handed.
 
 `score_shard` is the whole per-shard job as a plain function, so it runs the same in-process (tests,
-benchmarks) and inside an actor.
+benchmarks) and inside an actor. A model whose attention plan waits for a start-up check (one no test has proven)
+is checked once, on the first shard the actor is handed, so start-up itself is not slowed: until then and if the
+check disagrees, requests are scored one per row. Every ScoredShard carries the verdict for results.json.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from raylm.requests.encoding import config_max_length, resolve_max_length
 from raylm.scoring.models import ModelSpec, load_model, load_tokenizer
 from raylm.cluster.failures import DeferredStartup
 from raylm.scoring.scorer import Scorer
+from raylm.scoring.startup_check import REAL_REQUESTS, checked_plan
 from raylm.requests.shards import ScoredShard
 from raylm.results.sums import shard_sums
 
@@ -29,7 +32,7 @@ def score_shard(scorer: Scorer, kind: str, shard: pa.Table) -> ScoredShard:
                          ("context_tokens", pc.list_value_length(shard["context"])),
                          ("continuation_tokens", pc.list_value_length(shard["continuation"]))):
         scored = scored.append_column(name, column)
-    return ScoredShard(scored, shard_sums(kind, scored), os.getpid())
+    return ScoredShard(scored, shard_sums(kind, scored), os.getpid(), scorer.plan.prefix_sharing)
 
 
 def actor_max_length(spec: ModelSpec, config) -> int:
@@ -58,6 +61,10 @@ class ScoringActor(DeferredStartup):
 
     def score(self, kind: str, shard: pa.Table) -> ScoredShard:
         self.check_started()
+        if self.scorer.plan.needs_check:
+            head = shard.slice(0, REAL_REQUESTS)
+            real = (head["context"].to_pylist(), head["continuation"].to_pylist(), head["doc_id"].to_pylist())
+            self.scorer.plan = checked_plan(self.model, self.scorer.max_length, self.scorer.plan, real)
         return score_shard(self.scorer, kind, shard)
 
 

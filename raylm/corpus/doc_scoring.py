@@ -21,7 +21,11 @@ from raylm.scoring.kl import KLScorer
 from raylm.scoring.models import ModelSpec, load_model, load_tokenizer
 from raylm.cluster.failures import DeferredStartup
 from raylm.scoring.scorer import Scorer
+from raylm.scoring.startup_check import REAL_REQUESTS, checked_plan
 from raylm.requests.windows import strided_windows
+
+
+PREFIX_SHARING_COLUMN = "prefix_sharing"  # DocPerplexity's verdict, taken off its rows by the driver
 
 
 @dataclass
@@ -68,6 +72,10 @@ def window_documents(batch: pa.Table, encoder: Encoder, stride: int) -> Windowed
 
 
 class DocPerplexity(DeferredStartup):
+    """Per-document NLL. Windows of different documents may share a row (WikiText's short headings share BOS and
+    " = "), so a model no test has proven is start-up checked on its first batch's windows, as eval actors are on
+    their first shard; each output row carries the verdict (PREFIX_SHARING_COLUMN) for the driver to record."""
+
     def start(self, spec: ModelSpec, max_length: int, stride: int, threads: int = 0) -> None:
         if threads:
             torch.set_num_threads(threads)
@@ -78,9 +86,13 @@ class DocPerplexity(DeferredStartup):
     def __call__(self, batch: pa.Table) -> pa.Table:
         self.check_started()
         docs = window_documents(batch, self.encoder, self.stride)
+        if self.scorer.plan.needs_check:
+            real = (docs.contexts[:REAL_REQUESTS], docs.continuations[:REAL_REQUESTS], None)
+            self.scorer.plan = checked_plan(self.scorer.model, self.scorer.max_length, self.scorer.plan, real)
         loglik, _ = self.scorer.score(docs.contexts, docs.continuations)
         nll = [-x for x in docs.per_doc(loglik)]
-        return pa.table({**docs.counts(batch), "nll": pa.array(nll, pa.float64())})
+        verdict = pa.array([self.scorer.plan.prefix_sharing] * len(nll), pa.string())
+        return pa.table({**docs.counts(batch), "nll": pa.array(nll, pa.float64()), PREFIX_SHARING_COLUMN: verdict})
 
 
 class DocKL(DeferredStartup):

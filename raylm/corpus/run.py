@@ -25,13 +25,13 @@ from tqdm import tqdm
 
 from raylm.cluster.failures import remote_traceback
 from raylm.cluster.runtime import connect, plan_actors
-from raylm.corpus.doc_scoring import DocKL, DocPerplexity
+from raylm.corpus.doc_scoring import PREFIX_SHARING_COLUMN, DocKL, DocPerplexity
 from raylm.corpus.read import DEFAULT_DOCS_PER_BATCH, FORMATS, read_corpus
 from raylm.errors import RaylmError, RemoteError
 from raylm.requests.encoding import resolve_max_length
 from raylm.results.atomic import write_atomic
 from raylm.results.metrics import kl_metrics, ppl_metrics
-from raylm.results.report import run_config
+from raylm.results.report import prefix_sharing, run_config
 from raylm.results.sums import corpus_batch_sums, merge
 from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer
 
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 COLLAPSE_PARTS = 1024
 # The first exception line of a remote traceback is the error the worker raised (Ray Data's own wrapping follows).
 _WORKER_ERROR = re.compile(r"^((?:\w+\.)*\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
+KL_PREFIX_SHARING = "unpacked (raylm kl scores each window in its own row)"
 PROBE_TEXT = "Probe: the tokenizers of both models must encode this the same way, 0123 äöü 東京 🙂\n  end."
 
 
@@ -78,6 +79,7 @@ class CorpusResult:
     max_length: int
     stride: int
     wall_s: float
+    prefix_sharing: str | list[str] | None = None
 
 
 def model_max_length(spec: ModelSpec):
@@ -133,26 +135,32 @@ def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
                             compute=ray.data.ActorPoolStrategy(size=n), num_cpus=recipe.num_cpus,
                             num_gpus=recipe.num_gpus)
     samples = out_dir / "samples" / f"{cfg.kind}.parquet"
-    sums = _stream(scored, samples, cfg.progress)
+    sums, verdicts = _stream(scored, samples, cfg.progress)
     if not sums:
         raise RaylmError(f"{cfg.data}: the corpus has no documents")
     metrics = ppl_metrics(sums) if cfg.kind == "ppl" else kl_metrics(sums)
-    result = CorpusResult(cfg, metrics, max_length, stride, time.time() - start)
+    sharing = prefix_sharing(verdicts) if cfg.kind == "ppl" else KL_PREFIX_SHARING
+    result = CorpusResult(cfg, metrics, max_length, stride, time.time() - start, sharing)
     write_atomic(out_dir / "results.json", json.dumps(results_dict(result), indent=2, default=str).encode())
     return result
 
 
-def _stream(scored: ray.data.Dataset, samples: Path, progress: bool) -> dict[str, float]:
-    """Fold per-document batches into sums while appending them to the samples file, numbering documents."""
+def _stream(scored: ray.data.Dataset, samples: Path, progress: bool) -> tuple[dict[str, float], list[str]]:
+    """Fold per-document batches into sums while appending them to the samples file, numbering documents; and the
+    actors' distinct prefix-sharing verdicts, which are taken off the rows."""
     samples.parent.mkdir(parents=True, exist_ok=True)
     partial = samples.with_name(f".{samples.name}.partial")
     parts: list[dict[str, float]] = []
+    verdicts: set[str] = set()
     writer, docs = None, 0
     try:
         with tqdm(unit="doc", disable=not progress, desc="scoring") as bar:
             for batch in scored.iter_batches(batch_format="pyarrow", batch_size=None):
                 if batch.num_rows == 0:
                     continue
+                if PREFIX_SHARING_COLUMN in batch.column_names:
+                    verdicts.update(batch[PREFIX_SHARING_COLUMN].unique().to_pylist())
+                    batch = batch.drop_columns([PREFIX_SHARING_COLUMN])
                 batch = batch.add_column(0, "doc", pa.array(range(docs, docs + batch.num_rows), pa.int64()))
                 docs += batch.num_rows
                 writer = writer or pq.ParquetWriter(partial, batch.schema)
@@ -174,7 +182,7 @@ def _stream(scored: ray.data.Dataset, samples: Path, progress: bool) -> dict[str
     if writer:
         writer.close()
         os.replace(partial, samples)
-    return merge(parts)
+    return merge(parts), sorted(verdicts)
 
 
 def _worker_error(e: Exception) -> RemoteError | None:
@@ -202,5 +210,5 @@ def results_dict(result: CorpusResult) -> dict[str, Any]:
             cfg.model, result.wall_s, command=cfg.kind, model_b=cfg.model_b.path if cfg.model_b else None,
             model_b_args=cfg.model_b.as_dict() if cfg.model_b else None,
             **{k: v for k, v in asdict(cfg).items() if k not in ("model", "model_b", "max_length", "stride")},
-            max_length=result.max_length, stride=result.stride),
+            max_length=result.max_length, stride=result.stride, prefix_sharing=result.prefix_sharing),
     }

@@ -3,12 +3,16 @@
 Matching lm-eval here is what makes raylm's numbers trustworthy to someone switching tools, so each quirk is
 kept on purpose: the tokenizer's own special-token default (a Llama tokenizer prepends BOS to context and
 whole alike), trailing context spaces moved into the continuation, continuation = tail of the joint encoding.
+The one exception is refused rather than copied: a tokenizer that appends a special token (EOS) to every
+encoding, where lm-eval's tail would silently drop the continuation's first real token and score that EOS.
 (Rolling windows are raylm.requests.windows.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from raylm.errors import RaylmError
 
 # transformers' "no limit" sentinel for model_max_length.
 _TOKENIZER_INFINITY = 1_000_000_000_000_000_019_884_624_838_656
@@ -55,6 +59,7 @@ class Encoder:
         self.max_length = max_length
         self.prefix_token = prefix_token_id(tokenizer)
         self._prefix_text = tokenizer.decode(self.prefix_token)
+        self._special = frozenset(tokenizer.all_special_ids)
 
     def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
         """Encode with the tokenizer's default special tokens, except for text already starting with the prefix."""
@@ -76,11 +81,26 @@ class Encoder:
         contexts = self.encode_many([moved[i][0] for i in with_context])
         out: list[tuple[list[int], list[int]]] = [([], []) for _ in pairs]
         for i, whole, context in zip(with_context, wholes, contexts):
+            self._check_context_is_prefix(context, whole)
             out[i] = (context, whole[len(context):])
         for i, (context, continuation) in enumerate(moved):
             if not context:
                 out[i] = self._empty_context(continuation)
         return out
+
+    def _check_context_is_prefix(self, context: list[int], whole: list[int]) -> None:
+        """The continuation is whole[len(context):], as in lm-eval; that is only its own tokens if the context's
+        encoding starts the whole's. Where it does not because the context's encoding ends in a special token the
+        joint one lacks there, the tokenizer appends it (EOS) to everything: lm-eval 0.4.13 then scores that EOS in
+        place of the continuation's first token, silently. (Other mismatches, a token merging across the
+        boundary, keep lm-eval's split.)"""
+        n = len(context)
+        if context and context[-1] in self._special and whole[:n] != context:
+            name = getattr(self.tokenizer, "name_or_path", "")
+            token = self.tokenizer.convert_ids_to_tokens(context[-1])
+            raise RaylmError(f"tokenizer '{name}' appends {token!r} to every encoding, so each continuation would "
+                             f"lose its first token and score {token!r} instead (lm-eval 0.4.13 does so silently); "
+                             "load it without that (e.g. add_eos_token: false in its tokenizer_config.json)")
 
     def _empty_context(self, continuation: str) -> tuple[list[int], list[int]]:
         ids = list(self.tokenizer(continuation, add_special_tokens=False)["input_ids"])

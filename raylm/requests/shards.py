@@ -21,11 +21,13 @@ class Shard:
 
 @dataclass
 class ScoredShard:
-    """What an actor sends back for one shard: its scored requests, their sums, and who scored them."""
+    """What an actor sends back for one shard: its scored requests, their sums, who scored them, and whether that
+    actor shared prefixes between requests (its config.prefix_sharing verdict; None where no actor said)."""
 
     table: pa.Table
     sums: dict[str, float]
     pid: int
+    prefix_sharing: str | None = None
 
 
 def cut(table: pa.Table, max_requests: int) -> list[pa.Table]:

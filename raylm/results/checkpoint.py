@@ -34,6 +34,7 @@ MANIFEST = "manifest.json"
 # What --overwrite removes: only files raylm itself writes.
 OWNED = (CHECKPOINT_DIR, "results.json", "samples")
 _PID_KEY = b"raylm.pid"
+_PREFIX_SHARING_KEY = b"raylm.prefix_sharing"
 
 
 def table_digest(table: pa.Table) -> str:
@@ -130,7 +131,10 @@ class Checkpoint:
         return self.root / "shards" / f"{index:06d}.parquet"
 
     def save(self, shard: Shard, scored: ScoredShard) -> None:
-        table = scored.table.replace_schema_metadata({_PID_KEY: str(scored.pid).encode()})
+        metadata = {_PID_KEY: str(scored.pid).encode()}
+        if scored.prefix_sharing is not None:
+            metadata[_PREFIX_SHARING_KEY] = scored.prefix_sharing.encode()
+        table = scored.table.replace_schema_metadata(metadata)
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
         try:
@@ -153,8 +157,11 @@ class Checkpoint:
             if not _same_requests(table, shard.table):
                 log.warning("checkpoint %s does not match shard %d; scoring it again", path, shard.index)
                 continue
-            pid = int((table.schema.metadata or {}).get(_PID_KEY, b"0"))
-            done[shard.index] = ScoredShard(table.replace_schema_metadata(None), shard_sums(shard.kind, table), pid)
+            metadata = table.schema.metadata or {}
+            pid = int(metadata.get(_PID_KEY, b"0"))
+            verdict = metadata[_PREFIX_SHARING_KEY].decode() if _PREFIX_SHARING_KEY in metadata else None
+            done[shard.index] = ScoredShard(table.replace_schema_metadata(None), shard_sums(shard.kind, table), pid,
+                                            verdict)
         return done
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import platform
+from collections.abc import Iterable
 from importlib import metadata
 import tempfile
 from dataclasses import dataclass, field
@@ -20,6 +22,8 @@ from raylm.results.atomic import write_atomic
 from raylm.results.predictions import choice_predictions
 from raylm.scoring.models import ModelSpec
 
+
+log = logging.getLogger(__name__)
 
 VERSIONED = ("ray", "torch", "transformers")  # installed distributions whose versions decide a run's numbers
 
@@ -66,6 +70,17 @@ def results_dict(result: EvalResult) -> dict[str, Any]:
             num_fewshot=cfg.num_fewshot, seed=cfg.seed, batch_size=cfg.batch_size or "auto", actors=cfg.actors,
             data_dir=str(cfg.data_dir or "hub"), **result.extra),
     }
+
+
+def prefix_sharing(verdicts: Iterable[str | None]) -> str | list[str] | None:
+    """config.prefix_sharing from the actors' verdicts on sharing prefixes between requests
+    (raylm.scoring.attention), each logged once: one string, or a list where actors disagreed (each start-up
+    checks its own first shard or batch); None if no actor said (every shard resumed from an older checkpoint)."""
+    distinct = sorted({v for v in verdicts if v is not None})
+    for verdict in distinct:
+        fell_back = verdict.startswith("unpacked (start-up check")
+        log.log(logging.WARNING if fell_back else logging.INFO, "prefix sharing: %s", verdict)
+    return distinct[0] if len(distinct) == 1 else distinct or None
 
 
 def run_summary(extra: dict[str, object], wall_s: float) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raylm.errors import RaylmError, first_line
+from raylm.scoring.attention import load_implementation
 
 if TYPE_CHECKING:
     import torch
@@ -135,6 +136,11 @@ def load_model(spec: ModelSpec) -> torch.nn.Module:
     # Quantised weights are placed by from_pretrained itself: bitsandbytes models refuse a later `.to()`.
     placement = {"quantization_config": quantization_config(spec.quantization), "device_map": {"": device}} \
         if spec.quantization else {}
+    # The attention implementation is chosen here rather than left to transformers' default, because whether
+    # requests may share a row depends on it (raylm.scoring.attention plans from what the model ends up with).
+    implementation = load_implementation(load_config(spec), spec.trust_remote_code)
+    if implementation is not None:
+        placement["attn_implementation"] = implementation
     try:
         model = AutoModelForCausalLM.from_pretrained(_source(spec), revision=spec.revision,
                                                      dtype=_torch_dtype(spec.dtype),

@@ -8,6 +8,9 @@ restart each branch where the prefix ends, so each branch sees exactly what it w
 Only consecutive requests are grouped (a task emits a document's requests together), and only when the shared
 part is a real fraction of the request: two unrelated texts that both start with BOS gain nothing from packing
 and would pay for a longer attention span.
+
+The masks a packed batch needs (raylm.scoring.attention decides their layout per model) are built here too: every
+row of a batch that holds a packed row gets them, so a plain row next to a packed one keeps its sliding window.
 """
 
 from __future__ import annotations
@@ -15,10 +18,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
+from raylm.scoring.attention import ONE_TENSOR, MaskLayout
+
 # A request joins a group only if at least this fraction of its longest member's input is shared.
 SHARE_FRACTION = 1 / 8
 
 PREFIX = -1  # segment id of the shared prefix: visible to every branch
+PAD_SEGMENT = -2  # segment id of right padding: sees only padding, so no query row is fully masked
 
 
 @dataclass(frozen=True)
@@ -87,3 +95,35 @@ def pack(group: Sequence[int], inputs: Sequence[Sequence[int]], n_targets: Seque
         # the prefix can predict the first continuation token of several branches (endings that start alike).
         predict_cols.append([t if t < shared else start + t - shared for t in range(n - n_targets[j], n)])
     return PackedRow(tokens, positions, segments, list(group), predict_cols)
+
+
+def visibility(segments: torch.Tensor, positions: torch.Tensor, window: int | None) -> torch.Tensor:
+    """[rows, q, k] bool: a column sees earlier columns of its own branch and of the shared prefix and, with a
+    sliding window, only keys whose position is less than `window` behind its own (q - k < window, as
+    transformers' sliding_window_overlay has it)."""
+    width = segments.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    same = segments[:, :, None] == segments[:, None, :]
+    visible = causal & (same | (segments[:, None, :] == PREFIX))
+    if window is not None:
+        visible &= (positions[:, :, None] - positions[:, None, :]) < window
+    return visible
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[rows, 1, q, k]: 0 where visible, the dtype's minimum elsewhere."""
+    mask = torch.zeros(visible.shape, dtype=dtype)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+def branch_inputs(batch: Sequence[PackedRow], width: int, layout: MaskLayout, dtype: torch.dtype
+                  ) -> dict[str, torch.Tensor | dict[str, torch.Tensor]]:
+    """Branch positions and the masks `layout` asks for: one 4D tensor, or a dict of them keyed by layer type."""
+    positions = torch.zeros(len(batch), width, dtype=torch.long)
+    segments = torch.full((len(batch), width), PAD_SEGMENT, dtype=torch.long)
+    for r, row in enumerate(batch):
+        positions[r, :len(row.tokens)] = torch.tensor(row.positions)
+        segments[r, :len(row.tokens)] = torch.tensor(row.segments)
+    masks = {key: additive_mask(visibility(segments, positions, window), dtype) for key, window in layout}
+    return {"position_ids": positions, "attention_mask": masks[ONE_TENSOR] if ONE_TENSOR in masks else masks}

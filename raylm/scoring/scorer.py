@@ -1,23 +1,28 @@
 """The scorer: plain torch, no Ray, so it can be called and tested in-process.
 
 Consecutive requests that share a token prefix (a document's endings) are packed into one row that runs the
-prefix once (raylm.scoring.packing). Rows are sorted by length and packed into batches under a token budget with
-right padding. Only the hidden states that predict continuation tokens reach the LM head: the vocabulary
-projection, as costly as the whole body for a GPT-2-sized model, is never paid for context positions. Token
-log-probs come from float32 logits whatever the model dtype, and are summed per request in float64.
+prefix once (raylm.scoring.packing), where the model's attention plan allows it (raylm.scoring.attention). Rows
+are sorted by length and packed into batches under a token budget with right padding. A batch holding a packed
+row gets branch positions and the plan's masks; any other batch gets no mask and no positions, so the model builds
+its own causal, sliding-window or ALiBi attention exactly as for one request. Only the hidden states that predict
+continuation tokens reach the LM head: the vocabulary projection, as costly as the whole body for a GPT-2-sized
+model, is never paid for context positions. Token log-probs come from float32 logits whatever the model dtype,
+and are summed per request in float64.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
 import torch
 
+from raylm.errors import RaylmError
+from raylm.scoring.attention import AttentionPlan, attention_plan
 from raylm.scoring.batching import budget_batches
-from raylm.scoring.packing import PREFIX, PackedRow, pack, plan_groups
+from raylm.scoring.packing import PackedRow, branch_inputs, pack, plan_groups
 
 log = logging.getLogger(__name__)
 
@@ -27,17 +32,26 @@ log = logging.getLogger(__name__)
 CPU_ACTIVATION_BYTES = 12 * 2**20
 CPU_TOKEN_BUDGET_MIN, CPU_TOKEN_BUDGET_MAX = 256, 4096
 GPU_START_TOKEN_BUDGET = 65536
-PAD_SEGMENT = -2
+
+
+class HeadMisuse(RaylmError):
+    """The model did not compute its logits by running its output-embedding module once on the hidden states."""
 
 
 class Scorer:
     def __init__(self, model: torch.nn.Module, max_length: int, batch_size: int | None = None,
-                 token_budget: int | None = None, share_prefixes: bool = True):
-        """batch_size caps requests per batch (`--batch-size N`); None means "auto": fill a token budget."""
+                 token_budget: int | None = None, share_prefixes: bool = True, plan: AttentionPlan | None = None):
+        """batch_size caps requests per batch (`--batch-size N`); None means "auto": fill a token budget.
+
+        `plan` defaults to the static rule for the model (raylm.scoring.attention.attention_plan); requests share
+        rows only where both it and `share_prefixes` allow. It may be replaced later (a start-up check's verdict).
+        """
         self.model = model.eval()
         self.max_length = max_length
         self.batch_size = batch_size
         self.share_prefixes = share_prefixes
+        self.plan = plan or attention_plan(model)
+        self.packed_rows = 0  # rows holding more than one request, scored so far
         self.device = next(model.parameters()).device
         if token_budget is None:
             token_budget = GPU_START_TOKEN_BUDGET if self.device.type == "cuda" else cpu_token_budget(model.config)
@@ -84,7 +98,8 @@ class Scorer:
               doc_ids: Sequence[int] | None) -> list[PackedRow]:
         sub_inputs = [inputs[i] for i in pending]
         sub_docs = [doc_ids[i] for i in pending] if doc_ids is not None else None
-        groups = plan_groups(sub_inputs, sub_docs, self.token_budget, self.batch_size, self.share_prefixes)
+        groups = plan_groups(sub_inputs, sub_docs, self.token_budget, self.batch_size,
+                             self.share_prefixes and self.plan.pack)
         return [pack([pending[j] for j in g], inputs, n_targets) for g in groups]
 
     @torch.inference_mode()
@@ -94,7 +109,7 @@ class Scorer:
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         for r, row in enumerate(batch):
             ids[r, :len(row.tokens)] = torch.tensor(row.tokens)
-        kwargs = self._branch_inputs(batch, width) if any(row.branched for row in batch) else {}
+        kwargs = self._model_inputs(batch, width)
         columns: dict[int, int] = {}  # flat (row, column) -> index among the gathered hidden states
         picks, target_ids, owners = [], [], []
         for r, row in enumerate(batch):
@@ -104,8 +119,14 @@ class Scorer:
                     target_ids.append(target)
                     owners.append(request)
         flat = torch.tensor(list(columns), device=self.device)
-        with self._head_sees_only(flat):
-            logits = self.model(input_ids=ids.to(self.device), use_cache=False, **kwargs).logits[0].float()
+        with head_sees_only(self._head, flat, len(batch), width):
+            logits = self.model(input_ids=ids.to(self.device), use_cache=False, **kwargs).logits
+        if tuple(logits.shape[:2]) != (1, len(columns)):
+            raise HeadMisuse(f"{type(self.model).__name__} returned logits of shape {tuple(logits.shape)} for "
+                             f"{len(columns)} gathered positions: it does not return what its LM head computed, "
+                             "so raylm cannot score it")
+        logits = logits[0].float()
+        self.packed_rows += sum(row.branched for row in batch)
         picks_t = torch.tensor(picks, device=self.device)
         target_t = torch.tensor(target_ids, device=self.device)
         target_logit = logits[picks_t, target_t]
@@ -117,37 +138,46 @@ class Scorer:
         loglik[owners_np[starts]] = np.add.reduceat(token_lp, starts)
         greedy[owners_np[starts]] = np.logical_and.reduceat(hits, starts)
 
-    def _branch_inputs(self, batch: list[PackedRow], width: int) -> dict[str, torch.Tensor]:
-        """Per-branch positions and a 4D additive mask: a column sees the prefix and earlier columns of its own
-        branch. Padding columns see only padding, so no query row is fully masked."""
-        positions = torch.zeros(len(batch), width, dtype=torch.long)
-        segments = torch.full((len(batch), width), PAD_SEGMENT, dtype=torch.long)
-        for r, row in enumerate(batch):
-            positions[r, :len(row.tokens)] = torch.tensor(row.positions)
-            segments[r, :len(row.tokens)] = torch.tensor(row.segments)
-        causal = torch.ones(width, width, dtype=torch.bool).tril()
-        same = segments[:, :, None] == segments[:, None, :]
-        visible = causal & (same | (segments[:, None, :] == PREFIX))
-        mask = torch.zeros(visible.shape, dtype=self._mask_dtype)
-        mask.masked_fill_(~visible, torch.finfo(self._mask_dtype).min)
-        return {"position_ids": positions.to(self.device), "attention_mask": mask[:, None].to(self.device)}
+    def _model_inputs(self, batch: list[PackedRow], width: int) -> dict:
+        """Branch positions and the plan's masks for a batch holding a packed row (every row of it: a plain row
+        next to a packed one needs its sliding window too); nothing otherwise."""
+        if not any(row.branched for row in batch):
+            return {}
+        inputs = branch_inputs(batch, width, self.plan.masks, self._mask_dtype)
+        mask = inputs["attention_mask"]
+        return {"position_ids": inputs["position_ids"].to(self.device),
+                "attention_mask": {k: m.to(self.device) for k, m in mask.items()} if isinstance(mask, dict)
+                else mask.to(self.device)}
 
-    @contextmanager
-    def _head_sees_only(self, flat: torch.Tensor):
-        """Feed the LM head only the hidden states at `flat` (indices into batch x width), as one (1, N) batch.
 
-        Done as a hook on the head rather than by calling its weights directly, so the model's own head code
-        (final softcapping, logit scaling) still applies to what it returns.
-        """
-        def gather(_module, args):
-            hidden = args[0]
-            return (hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat).unsqueeze(0), *args[1:])
+@contextmanager
+def head_sees_only(head: torch.nn.Module, flat: torch.Tensor, rows: int, width: int) -> Iterator[None]:
+    """Feed the LM head only the hidden states at `flat` (indices into rows x width), as one (1, N) batch.
 
-        handle = self._head.register_forward_pre_hook(gather)
-        try:
-            yield
-        finally:
-            handle.remove()
+    Done as a hook on the head rather than by calling its weights directly, so the model's own head code (final
+    softcapping, logit scaling) still applies to what it returns. A model that calls its head twice, slices before
+    it, or projects with the embedding matrix itself would score garbage through the hook, so unless the head ran
+    exactly once on the whole (rows, width) batch this raises instead.
+    """
+    seen: list[tuple[int, ...] | None] = []
+
+    def gather(_module, args):
+        if not args:
+            seen.append(None)
+            return None
+        hidden = args[0]
+        seen.append(tuple(hidden.shape[:-1]))
+        return (hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat).unsqueeze(0), *args[1:])
+
+    handle = head.register_forward_pre_hook(gather)
+    try:
+        yield
+    finally:
+        handle.remove()
+    if seen != [(rows, width)]:
+        raise HeadMisuse(f"the model's LM head ({type(head).__name__}) ran on inputs {seen}, not once on ({rows}, "
+                         f"{width}): this model does not compute its logits through get_output_embeddings() once, so "
+                         "raylm cannot score it")
 
 
 def cpu_token_budget(config) -> int:

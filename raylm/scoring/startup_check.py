@@ -1,0 +1,108 @@
+"""The start-up check: before a model no test has proven may pack requests, score a few packed and alone.
+
+The static rule (raylm.scoring.attention) knows the families tests/test_architectures.py proves; for anything
+else (remote code, an architecture added to transformers later) it can only guess the mask layout. Each actor
+therefore scores a synthetic probe that reaches past any window the config states, plus the first real requests
+it is given, both packed under the guessed layout and one request per row, and packs only if every request agrees
+within float tolerance. Any difference, or an exception while packed, means: score this model unpacked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from raylm.scoring.attention import AttentionPlan, text_config
+from raylm.scoring.scorer import Scorer
+
+# Per request: |packed - alone| <= ATOL_PER_TOKEN[dtype] * tokens + RTOL * |loglikelihood|. Measured on CPU
+# (/work/proto/arch/dtype_noise.py): packed-vs-alone noise is at most 5e-7 nats per token in float32 and 3.3e-4
+# in float16/bfloat16, while a wrong mask moved requests by 0.3-2 nats per token on the probe.
+ATOL_PER_TOKEN = {torch.float64: 1e-8, torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
+RTOL = 1e-5
+REAL_REQUESTS = 8  # the first requests of an actor's first shard or batch that join the probe
+
+Requests = tuple[Sequence[Sequence[int]], Sequence[Sequence[int]], "Sequence[int] | None"]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    agrees: bool
+    max_abs: float  # largest |packed - alone| over all requests, nats (inf if packed scoring raised)
+    requests: int
+    packed_rows: int
+    error: str | None  # the exception packed scoring raised, if any
+
+    def verdict(self) -> str:
+        if self.error is not None:
+            return f"unpacked (start-up check: packed scoring raised {self.error})"
+        if self.packed_rows == 0:
+            return f"unpacked (start-up check: none of {self.requests} requests could be packed)"
+        state = "packed" if self.agrees else "unpacked"
+        return f"{state} (start-up check: max |Δ| {self.max_abs:.2g} over {self.requests} requests)"
+
+
+def longest_window(config, max_length: int) -> int:
+    """The widest local-attention span the config states (any integer field named *window* or *chunk*, not a
+    layer count such as Qwen2's max_window_layers), so the probe can reach past it; 0 when none."""
+    spans = [v for k, v in text_config(config).to_dict().items() if isinstance(v, int) and not isinstance(v, bool)
+             and ("window" in k or "chunk" in k) and "layers" not in k and 0 < v < max_length]
+    return max(spans, default=0)
+
+
+def probe_requests(config, max_length: int, seed: int = 0) -> Requests:
+    """Synthetic documents whose packed rows reach past every stated window: one long context with three endings
+    (two start with the same token, so one prefix column predicts two branches, as HellaSwag's do), and two
+    contexts that differ near their end with one shared continuation (as WinoGrande's options do)."""
+    vocab = text_config(config).vocab_size
+    rnd = np.random.default_rng(seed)
+    tail = 12
+    length = max(1, min(max_length - tail, max(longest_window(config, max_length) + 24, 48)))
+    context = rnd.integers(3, vocab, length).tolist()
+    first = int(rnd.integers(3, vocab))
+    contexts = [context] * 3
+    continuations = [[first, *rnd.integers(3, vocab, 5).tolist()], [first], rnd.integers(3, vocab, 9).tolist()]
+    doc_ids = [0, 0, 0]
+    shared_end = rnd.integers(3, vocab, 6).tolist()
+    for option in (rnd.integers(3, vocab, 2).tolist(), rnd.integers(3, vocab, 4).tolist()):
+        contexts.append(context[: max(1, length - 8)] + option)
+        continuations.append(shared_end)
+        doc_ids.append(1)
+    return contexts, continuations, doc_ids
+
+
+def packing_check(model: torch.nn.Module, max_length: int, plan: AttentionPlan, real: Requests) -> CheckResult:
+    """Score the probe and `real` requests packed under `plan`'s layout and alone; agree within tolerance or not."""
+    candidate = plan.packed("start-up check")
+    alone_plan = plan.unpacked("start-up check")
+    packed_scorer = Scorer(model, max_length, plan=candidate)
+    sets = [s for s in (probe_requests(model.config, max_length), real) if len(s[0])]
+    n_requests = sum(len(s[0]) for s in sets)
+    diffs, tokens, magnitudes = [], [], []
+    for contexts, continuations, doc_ids in sets:
+        alone, _ = Scorer(model, max_length, plan=alone_plan).score(contexts, continuations, doc_ids)
+        try:
+            packed, _ = packed_scorer.score(contexts, continuations, doc_ids)
+        except Exception as e:  # noqa: BLE001 - any failure of packed scoring means: do not pack this model
+            error = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+            return CheckResult(False, math.inf, n_requests, packed_scorer.packed_rows, error)
+        diffs.append(np.abs(packed - alone))
+        tokens.append(np.array([len(c) for c in continuations]))
+        magnitudes.append(np.abs(alone))
+    diff, n_tokens, magnitude = np.concatenate(diffs), np.concatenate(tokens), np.concatenate(magnitudes)
+    atol = ATOL_PER_TOKEN.get(getattr(model, "dtype", torch.float32), ATOL_PER_TOKEN[torch.bfloat16])
+    agrees = bool(np.all(diff <= atol * n_tokens + RTOL * magnitude)) and packed_scorer.packed_rows > 0
+    return CheckResult(agrees, float(diff.max()), len(diff), packed_scorer.packed_rows, None)
+
+
+def checked_plan(model: torch.nn.Module, max_length: int, plan: AttentionPlan, real: Requests) -> AttentionPlan:
+    """The plan to score with: `plan` itself unless it waits for a check, else packed or unpacked by the check."""
+    if not plan.needs_check:
+        return plan
+    result = packing_check(model, max_length, plan, real)
+    return plan.packed(result.verdict()) if result.agrees else plan.unpacked(result.verdict())
+
