@@ -144,6 +144,8 @@ def run_corpus_command(args: argparse.Namespace) -> int:
     for key, value in result.metrics.items():
         print(f"{args.command:<4} {key:<24} {value:>16.6f}" if isinstance(value, float) else
               f"{args.command:<4} {key:<24} {value:>16d}")
+    if result.scorer == "mlm":
+        print(f"pseudo-perplexities of a masked LM ({args.pll} PLL): not comparable with a causal LM's perplexity")
     print(f"wall time {result.wall_s:.1f} s; results written to {args.output / 'results.json'}")
     return 0
 
