@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from transformers import (AutoConfig, BertConfig, BertModel, ElectraConfig, ElectraForPreTraining, GPT2Config,
-                          LlamaConfig)
+                          LlamaConfig, PretrainedConfig)
 
 from raylm.errors import RaylmError
 from raylm.evaluate import driver_encoder
@@ -30,8 +30,9 @@ SMALL = dict(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_
     (GPT2Config(architectures=["GPT2LMHeadModel"]), "causal"),
     (LlamaConfig(), "causal"),
     (AutoConfig.for_model("bart"), "causal"),  # encoder-decoder: in both auto mappings, not a masked LM here
-], ids=lambda v: getattr(v, "model_type", v) + str(getattr(v, "architectures", "") or "") if not isinstance(v, str)
-    else v)
+    (PretrainedConfig(architectures=["NewEncoderForMaskedLM"]), "mlm"),  # remote code: a type transformers lacks
+    (PretrainedConfig(architectures=["NewDecoderForCausalLM"]), "causal"),
+], ids=lambda v: v if isinstance(v, str) else f"{v.model_type or 'custom'}{v.architectures or ''}")
 def test_masked_or_causal_from_the_config(config, kind):
     assert masked_or_causal(config) == kind
 

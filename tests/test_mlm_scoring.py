@@ -173,5 +173,26 @@ def test_out_of_memory_halves_the_token_budget_and_scores_every_copy_once(tiny_b
         MaskedScorer(model, tokenizer.mask_token_id, tokenizer.pad_token_id, token_budget=1).score(*zip(*requests))
 
 
+def test_batch_size_caps_the_masked_copies_per_forward(tiny_bert, monkeypatch):
+    model = AutoModelForMaskedLM.from_pretrained(tiny_bert).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    requests = random_requests(tokenizer, 6, seed=4)
+    forward, rows = model.forward, []
+    monkeypatch.setattr(model, "forward", lambda *a, **k: rows.append(k["input_ids"].shape[0]) or forward(*a, **k))
+    MaskedScorer(model, tokenizer.mask_token_id, tokenizer.pad_token_id, batch_size=3).score(*zip(*requests))
+    assert max(rows) == 3 and sum(rows) == sum(w != UNSCORED for _, _, _, words in requests for w in words)
+
+
+def test_a_shard_for_the_other_kind_of_model_is_refused(tiny_bert):
+    import pyarrow as pa
+
+    from raylm.cluster.actors import score_shard
+
+    model = AutoModelForMaskedLM.from_pretrained(tiny_bert).eval()
+    causal_table = pa.table({"doc_id": [0], "req_idx": [0], "context": [[2, 5]], "continuation": [[6]]})
+    with pytest.raises(ValueError, match="a shard of requests for a causal LM reached a masked-LM scorer"):
+        score_shard(MaskedScorer(model, 4, 0), "multiple_choice", causal_table)
+
+
 def test_requests_and_scorer_agree_on_the_unscored_mark():
     assert raylm.requests.masked.UNSCORED == UNSCORED

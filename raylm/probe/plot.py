@@ -28,15 +28,15 @@ def plot_log_ratios(sentences: list[ProbeSentence], ratios: list[list[float]], t
     spread = np.array([values[rows].std(axis=0) for rows in groups.values()])
     width = 0.8 / (len(targets) - 1)
     x = np.arange(len(groups))
-    fig, ax = plt.subplots(figsize=(min(12.0, 2.5 + 0.7 * len(groups) * (len(targets) - 1)), 3.2))
+    fig, ax = plt.subplots(figsize=(min(9.0, 2.5 + 0.6 * len(groups) * (len(targets) - 1)), 3.2))
     for j, target in enumerate(targets[1:]):
         ax.bar(x + (j - (len(targets) - 2) / 2) * width, means[:, j], width, yerr=spread[:, j], capsize=2,
                label=f"{target} vs {targets[0]}")
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(x, list(groups), rotation=20 if len(groups) > 4 else 0, ha="right" if len(groups) > 4 else "center",
                   fontsize=8)
-    ax.set_ylabel("log P(target) - log P(first)", fontsize=8)
-    per = f"mean over {len(templates)} templates" if names and len(templates) > 1 else "per sentence"
+    ax.set_ylabel(f"log P(target) - log P({targets[0]})", fontsize=8)
+    per = f"mean and sd over {len(templates)} templates" if names and len(templates) > 1 else "per sentence"
     ax.set_title(f"{title} ({per})", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -89,7 +89,7 @@ def format_predictions(texts: list[str], predictions: list[list[Prediction]]) ->
     for text, per_text in zip(texts, predictions):
         for m, prediction in enumerate(per_text, 1):
             lines.append(f"{text}  (mask {m} of {len(per_text)})")
-            width = max(len(t) for t, _ in prediction.top)
+            width = max(len(REST), *(len(t) for t, _ in prediction.top))
             lines += [f"  {rank:>3}  {token:<{width}}  {p:.6f}" for rank, (token, p) in enumerate(prediction.top, 1)]
             lines.append(f"  {'':>3}  {REST:<{width}}  {prediction.rest:.6f}")
     return "\n".join(lines)
