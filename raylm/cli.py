@@ -14,7 +14,7 @@ from raylm.errors import RaylmError, RemoteError
 from raylm.config import DEFAULT_FEWSHOT_SEED, EvalConfig
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.evaluate import evaluate
-from raylm.scoring.models import DTYPES, ModelSpec
+from raylm.scoring.models import DTYPES, PLL_VARIANTS, SCORERS, ModelSpec
 from raylm.results.report import format_table, prepare_output, write_results, write_samples
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS
 from raylm.tasks import TASKS
@@ -59,12 +59,21 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--load-in-4bit", action="store_true", help="nf4 weights via bitsandbytes")
     quant.add_argument("--load-in-8bit", action="store_true", help="LLM.int8 weights via bitsandbytes")
     ev.add_argument("--num-gpus", type=float, help="GPUs per actor; fractions pack several actors on one GPU")
+    add_scorer_options(ev)
     sw = sub.add_parser("sweep", help="run a sweep file: models × tasks × settings in one Ray job")
     sw.add_argument("file", type=Path, help="sweep file, e.g. jobs/demo.yaml")
     sw.add_argument("--output", type=Path, help="directory for results (default: raylm-sweeps/<file stem>)")
     sw.set_defaults(run=run_sweep_file)
     add_corpus_commands(sub)
+    add_probe_command(sub)
     return parser
+
+
+def add_scorer_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scorer", default="auto", choices=list(SCORERS),
+                        help="causal LM or masked LM (pseudo-log-likelihood); auto: from the model's config")
+    parser.add_argument("--pll", default=PLL_VARIANTS[0], choices=list(PLL_VARIANTS),
+                        help="a masked LM's PLL: original (Salazar et al.) or word-l2r (Kauf & Ivanova)")
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
@@ -76,7 +85,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         raise RaylmError("--model is required (or use --demo)")
     quantization = "4bit" if args.load_in_4bit else "8bit" if args.load_in_8bit else None
     spec = ModelSpec(model, args.dtype, args.device, args.revision, args.trust_remote_code, args.allow_pickle,
-                     quantization)
+                     quantization, args.scorer, args.pll)
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     return EvalConfig(spec, tasks, data_dir, args.limit, args.num_fewshot, args.seed, args.batch_size, args.actors,
                       args.shard_size, not args.no_progress, args.output, args.overwrite, args.num_gpus)
@@ -117,13 +126,16 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--output", type=Path, default=Path("raylm-out"), help="directory for results.json")
         p.add_argument("--no-progress", action="store_true")
         p.set_defaults(run=run_corpus_command)
+    add_scorer_options(ppl)
 
 
 def run_corpus_command(args: argparse.Namespace) -> int:
     from raylm.corpus.run import CorpusConfig, run_corpus
 
     spec_b = ModelSpec(args.model_b, args.dtype, args.device) if args.command == "kl" else None
-    cfg = CorpusConfig(ModelSpec(args.model, args.dtype, args.device), args.data, spec_b, args.fmt, args.text_column,
+    spec = ModelSpec(args.model, args.dtype, args.device, scorer=getattr(args, "scorer", "auto"),
+                     pll=getattr(args, "pll", PLL_VARIANTS[0]))
+    cfg = CorpusConfig(spec, args.data, spec_b, args.fmt, args.text_column,
                        args.max_length, args.stride, args.actors, args.limit_docs, args.docs_per_batch,
                        not args.no_progress)
     cfg.validate()
@@ -132,10 +144,49 @@ def run_corpus_command(args: argparse.Namespace) -> int:
     for key, value in result.metrics.items():
         print(f"{args.command:<4} {key:<24} {value:>16.6f}" if isinstance(value, float) else
               f"{args.command:<4} {key:<24} {value:>16d}")
+    if result.scorer == "mlm":
+        print(f"pseudo-perplexities of a masked LM ({args.pll} PLL): not comparable with a causal LM's perplexity")
     print(f"wall time {result.wall_s:.1f} s; results written to {args.output / 'results.json'}")
     return 0
 
 # --- end raylm ppl / raylm kl ---
+
+# --- raylm probe: a masked LM's fill-mask predictions (raylm.probe.run) ---
+
+def add_probe_command(sub: argparse._SubParsersAction) -> None:
+    probe = sub.add_parser("probe", help="a masked LM's top-k fill-mask predictions, or a probe file's matched "
+                                         "templates x target words")
+    probe.add_argument("--model", required=True, help="hub id or local directory of a masked LM")
+    what = probe.add_mutually_exclusive_group(required=True)
+    what.add_argument("--text", action="append", help="text with one or more [MASK] (or the model's own mask "
+                                                      "token); repeat for several texts")
+    what.add_argument("--probes", type=Path, help="probe file (YAML): templates, fill values and target words")
+    probe.add_argument("--top-k", type=int, default=5, help="predictions shown per mask")
+    probe.add_argument("--output", type=Path, default=Path("raylm-out"), help="directory for a probe file's CSVs, "
+                                                                               "summary and chart")
+    probe.add_argument("--dtype", default="auto", choices=list(DTYPES))
+    probe.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    probe.add_argument("--revision", help="model revision on the hub")
+    probe.add_argument("--trust-remote-code", action="store_true", help="run code shipped with the model")
+    probe.set_defaults(run=run_probe_command)
+
+
+def run_probe_command(args: argparse.Namespace) -> int:
+    from raylm.probe.file import load_probes
+    from raylm.probe.run import Prober, fill_masks, format_predictions, run_probe_file
+
+    spec = ModelSpec(args.model, args.dtype, args.device, args.revision, args.trust_remote_code)
+    spec.validate()
+    if args.probes is not None:
+        probes = load_probes(args.probes)
+        prepare_output(args.output)
+        print(run_probe_file(Prober(spec), probes, args.output, args.top_k), end="")
+        print(f"probe results written to {args.output} (probe.csv, topk.csv, summary.csv, summary.md, probe.png)")
+    else:
+        print(format_predictions(args.text, fill_masks(Prober(spec), args.text, args.top_k)))
+    return 0
+
+# --- end raylm probe ---
 
 def run_sweep_file(args: argparse.Namespace) -> int:
     from raylm.sweep.summary import SUMMARY_MD

@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pyarrow as pa
 
@@ -15,13 +16,14 @@ from raylm.cluster.scheduler import ScheduleReport, score_shards
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
 from raylm.requests.encoding import Encoder, resolve_max_length
+from raylm.requests.masked import MaskedEncoder, masked_max_length
 from raylm.requests.shards import ScoredShard, Shard, make_shards
 from raylm.requests.table import build_requests
 from raylm.results.checkpoint import Checkpoint, fingerprint
 from raylm.results.metrics import choice_metrics, rolling_metrics
 from raylm.results.report import EvalResult, TaskResult, prefix_sharing, run_summary
 from raylm.results.sums import merge
-from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer
+from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer, resolve_scorer
 from raylm.tasks import ChoiceDoc, get_task
 from raylm.tasks.base import with_fewshot
 
@@ -55,23 +57,32 @@ def load_task_docs(cfg: EvalConfig) -> TaskDocs:
     return out
 
 
-def encode_task_requests(docs: TaskDocs, encoder: Encoder) -> dict[str, tuple[str, pa.Table]]:
+def encode_task_requests(docs: TaskDocs, encoder: Encoder | MaskedEncoder) -> dict[str, tuple[str, pa.Table]]:
     """Every task's requests as an Arrow table of token ids."""
     return {name: (get_task(name).kind, build_requests(get_task(name), task_docs, encoder))
             for name, (task_docs, _) in docs.items()}
 
 
-def build_task_requests(cfg: EvalConfig, encoder: Encoder) -> tuple[dict[str, tuple[str, pa.Table]], dict[str, int]]:
+def build_task_requests(cfg: EvalConfig, encoder: Encoder | MaskedEncoder
+                        ) -> tuple[dict[str, tuple[str, pa.Table]], dict[str, int]]:
     """Every task's requests, plus each task's document count before --limit (benchmarks and tests)."""
     docs = load_task_docs(cfg)
     return encode_task_requests(docs, encoder), {name: original for name, (_, original) in docs.items()}
 
 
-def driver_encoder(spec: ModelSpec) -> Encoder:
-    """The tokenizer and context length the driver tokenises with (the model's config, not its weights)."""
+def driver_encoder(spec: ModelSpec) -> Encoder | MaskedEncoder:
+    """The tokenizer and context length the driver tokenises with (the model's config, not its weights): a
+    MaskedEncoder when the model is scored as a masked LM."""
     tokenizer = driver_tokenizer(spec)
+    config = load_config(spec)
+    kind = resolve_scorer(spec, config)
+    if kind == "causal" and spec.pll != "original":
+        raise RaylmError(f"--pll {spec.pll} applies to masked language models; '{spec.path}' is scored as a causal "
+                         "LM (pass --scorer mlm if it is a masked LM)")
     try:
-        encoder = Encoder(tokenizer, resolve_max_length(load_config(spec), tokenizer))
+        if kind == "mlm":
+            return MaskedEncoder(tokenizer, masked_max_length(config, tokenizer))
+        encoder = Encoder(tokenizer, resolve_max_length(config, tokenizer))
     except ValueError as e:
         raise RaylmError(str(e)) from e
     log.info("empty contexts and rolling windows are conditioned on token %d (%r)", encoder.prefix_token,
@@ -79,7 +90,12 @@ def driver_encoder(spec: ModelSpec) -> Encoder:
     return encoder
 
 
-def _tokenise(spec: ModelSpec, docs: TaskDocs) -> tuple[Encoder, dict[str, tuple[str, pa.Table]]]:
+def scored_spec(spec: ModelSpec, encoder: Encoder | MaskedEncoder) -> ModelSpec:
+    """spec with the scorer it is scored with, as checkpoints and results record it."""
+    return replace(spec, scorer="mlm" if isinstance(encoder, MaskedEncoder) else "causal")
+
+
+def _tokenise(spec: ModelSpec, docs: TaskDocs) -> tuple[Encoder | MaskedEncoder, dict[str, tuple[str, pa.Table]]]:
     encoder = driver_encoder(spec)
     return encoder, encode_task_requests(docs, encoder)
 
@@ -106,7 +122,8 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
             shards = make_shards(tables, cfg.shard_requests)
             checkpoint = None
             if cfg.output is not None:
-                manifest = fingerprint(cfg.model, cfg.tasks, tables, shards, cfg.num_fewshot, cfg.seed, cfg.limit)
+                manifest = fingerprint(scored_spec(cfg.model, encoder), cfg.tasks, tables, shards, cfg.num_fewshot,
+                                       cfg.seed, cfg.limit)
                 checkpoint = Checkpoint.open(cfg.output, manifest, cfg.overwrite)
             scored = checkpoint.load(shards) if checkpoint else {}
             resumed = len(scored)
@@ -137,7 +154,9 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
         metrics = rolling_metrics(sums) if kind == "rolling" else choice_metrics(sums, get_task(name).choice_metrics)
         results[name] = TaskResult(name, kind, metrics, sums, docs[name][1], table)
     wall = time.time() - start
-    extra = {"shards": len(shards), "max_length": encoder.max_length,
+    scorer = scored_spec(cfg.model, encoder).scorer
+    extra = {"scorer": scorer, "pll": cfg.model.pll if scorer == "mlm" else None,
+             "shards": len(shards), "max_length": encoder.max_length,
              "prefix_sharing": prefix_sharing(scored[s.index].prefix_sharing for s in shards),
              "requests_scored": sum(s.table.num_rows for s in todo), "shards_retried": report.retried,
              "shards_resumed": resumed, "actors_replaced": report.replaced, "ray_gcs_address": gcs_address()}

@@ -52,6 +52,24 @@ def tiny_llama(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A seeded random 2-layer BertForMaskedLM on a 3000-piece WordPiece trained offline on the shared text
+    (tests/masked_models.py), 128 positions."""
+    from masked_models import build_tiny_bert
+
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), DATA)
+
+
+@pytest.fixture(scope="session")
+def tiny_roberta(tmp_path_factory) -> Path:
+    """A seeded random 2-layer RobertaForMaskedLM on the GPT-2 byte-level BPE laid out as RoBERTa's vocabulary,
+    96 usable positions (max_position_embeddings 98, as roberta-base's 514 for 512)."""
+    from masked_models import build_tiny_roberta
+
+    return build_tiny_roberta(tmp_path_factory.mktemp("tiny-roberta"), GPT2_TOKENIZER)
+
+
 def _start_ray():
     import ray
 

@@ -24,7 +24,9 @@ ALLOWED = {
     "corpus": {"cluster", "data", "requests", "results", "scoring"},
     "evaluate": {"cluster", "config", "requests", "results", "scoring", "tasks"},
     "sweep": {"cluster", "config", "data", "evaluate", "results", "scoring", "tasks"},
-    "cli": {"cluster", "config", "corpus", "data", "evaluate", "requests", "results", "scoring", "sweep", "tasks"},
+    "probe": {"data", "results", "scoring"},
+    "cli": {"cluster", "config", "corpus", "data", "evaluate", "probe", "requests", "results", "scoring", "sweep",
+            "tasks"},
     "__main__": {"cli"},
 }
 RAY_USERS = {"cluster", "corpus"}
@@ -66,7 +68,8 @@ def test_every_package_is_covered():
 def test_scoring_runs_without_ray_installed():
     """The scorer is plain torch: importable, and usable, in a process where `import ray` fails."""
     probe = ("import sys; sys.modules['ray'] = None\n"
-             "import raylm.scoring.scorer, raylm.scoring.kl, raylm.scoring.models, raylm.scoring.packing\n"
+             "import raylm.scoring.scorer, raylm.scoring.kl, raylm.scoring.models, raylm.scoring.packing, "
+             "raylm.scoring.mlm\n"
              "print('ok')")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

@@ -1,9 +1,12 @@
 """Scoring actors: each keeps one model resident and scores whatever shards it is handed.
 
 `score_shard` is the whole per-shard job as a plain function, so it runs the same in-process (tests,
-benchmarks) and inside an actor. A model whose attention plan waits for a start-up check (one no test has proven)
-is checked once, on the first shard the actor is handed, so start-up itself is not slowed: until then and if the
-check disagrees, requests are scored one per row. Every ScoredShard carries the verdict for results.json.
+benchmarks) and inside an actor. An actor scores a causal LM with raylm.scoring.scorer and a masked LM with the
+pseudo-log-likelihood scorer of raylm.scoring.mlm; which one, it decides from the model's config as the driver
+does (raylm.scoring.models.resolve_scorer), and a shard built for the other kind is refused. A causal model whose
+attention plan waits for a start-up check (one no test has proven) is checked once, on the first shard the actor
+is handed, so start-up itself is not slowed: until then and if the check disagrees, requests are scored one per
+row. Every ScoredShard carries the verdict for results.json.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import ray
 import torch
 
 from raylm.requests.encoding import config_max_length, resolve_max_length
-from raylm.scoring.models import ModelSpec, load_model, load_tokenizer
+from raylm.requests.table import MASKED_COLUMNS
+from raylm.scoring.mlm import MASKED_PREFIX_SHARING, UNSCORED, MaskedScorer
+from raylm.scoring.models import ModelSpec, load_config, load_model, load_tokenizer, resolve_scorer
 from raylm.cluster.failures import DeferredStartup
 from raylm.scoring.scorer import Scorer
 from raylm.scoring.startup_check import REAL_REQUESTS, checked_plan
@@ -24,15 +29,27 @@ from raylm.requests.shards import ScoredShard
 from raylm.results.sums import shard_sums
 
 
-def score_shard(scorer: Scorer, kind: str, shard: pa.Table) -> ScoredShard:
-    loglik, greedy = scorer.score(shard["context"].to_pylist(), shard["continuation"].to_pylist(),
-                                  shard["doc_id"].to_pylist())
-    scored = shard.drop_columns(["context", "continuation"])
+def score_shard(scorer: Scorer | MaskedScorer, kind: str, shard: pa.Table) -> ScoredShard:
+    masked = isinstance(scorer, MaskedScorer)
+    if masked != (MASKED_COLUMNS[-1] in shard.column_names):
+        raise ValueError(f"a shard of requests for a {'masked' if not masked else 'causal'} LM reached a "
+                         f"{'masked' if masked else 'causal'}-LM scorer")
+    contexts, continuations = shard["context"].to_pylist(), shard["continuation"].to_pylist()
+    if masked:
+        word_ids = shard["word_ids"].to_pylist()
+        loglik, greedy = scorer.score(contexts, continuations, shard["following"].to_pylist(), word_ids)
+        scored_tokens = pa.array([sum(w != UNSCORED for w in words) for words in word_ids], pa.int32())
+        scored = shard.drop_columns(["context", "continuation", *MASKED_COLUMNS])
+    else:
+        loglik, greedy = scorer.score(contexts, continuations, shard["doc_id"].to_pylist())
+        scored_tokens = pc.list_value_length(shard["continuation"])
+        scored = shard.drop_columns(["context", "continuation"])
     for name, column in (("loglikelihood", pa.array(loglik, pa.float64())), ("is_greedy", pa.array(greedy)),
                          ("context_tokens", pc.list_value_length(shard["context"])),
-                         ("continuation_tokens", pc.list_value_length(shard["continuation"]))):
+                         ("continuation_tokens", scored_tokens)):
         scored = scored.append_column(name, column)
-    return ScoredShard(scored, shard_sums(kind, scored), os.getpid(), scorer.plan.prefix_sharing)
+    verdict = MASKED_PREFIX_SHARING if masked else scorer.plan.prefix_sharing
+    return ScoredShard(scored, shard_sums(kind, scored), os.getpid(), verdict)
 
 
 def actor_max_length(spec: ModelSpec, config) -> int:
@@ -47,8 +64,11 @@ class ScoringActor(DeferredStartup):
 
     def start(self, spec: ModelSpec, threads: int, batch_size: int | None) -> None:
         torch.set_num_threads(threads)
-        self.model = load_model(spec)
-        self.scorer = Scorer(self.model, actor_max_length(spec, self.model.config), batch_size)
+        config = load_config(spec)
+        if resolve_scorer(spec, config) == "mlm":
+            self.scorer: Scorer | MaskedScorer = MaskedScorer.from_spec(spec, batch_size)
+        else:
+            self.scorer = Scorer(load_model(spec), actor_max_length(spec, config), batch_size)
 
     def ready(self) -> int:
         """The actor's PID: proof of life once the model is loaded, and what fault-injection tests kill."""
@@ -61,10 +81,10 @@ class ScoringActor(DeferredStartup):
 
     def score(self, kind: str, shard: pa.Table) -> ScoredShard:
         self.check_started()
-        if self.scorer.plan.needs_check:
+        if isinstance(self.scorer, Scorer) and self.scorer.plan.needs_check:
             head = shard.slice(0, REAL_REQUESTS)
             real = (head["context"].to_pylist(), head["continuation"].to_pylist(), head["doc_id"].to_pylist())
-            self.scorer.plan = checked_plan(self.model, self.scorer.max_length, self.scorer.plan, real)
+            self.scorer.plan = checked_plan(self.scorer.model, self.scorer.max_length, self.scorer.plan, real)
         return score_shard(self.scorer, kind, shard)
 
 

@@ -16,8 +16,10 @@ import pyarrow as pa
 import torch
 
 from raylm.requests.encoding import Encoder
+from raylm.requests.masked import MaskedEncoder
 from raylm.errors import InputError
 from raylm.scoring.kl import KLScorer
+from raylm.scoring.mlm import UNSCORED, MaskedScorer
 from raylm.scoring.models import ModelSpec, load_model, load_tokenizer
 from raylm.cluster.failures import DeferredStartup
 from raylm.scoring.scorer import Scorer
@@ -56,11 +58,16 @@ class WindowedDocs:
         }
 
 
-def window_documents(batch: pa.Table, encoder: Encoder, stride: int) -> WindowedDocs:
+def document_texts(batch: pa.Table) -> list[str]:
     texts = batch["text"].to_pylist()
     for path, text in zip(batch["path"].to_pylist(), texts):
         if not isinstance(text, str):
             raise InputError(path, f"expected a document's text, got {type(text).__name__}", field="text")
+    return texts
+
+
+def window_documents(batch: pa.Table, encoder: Encoder, stride: int) -> WindowedDocs:
+    texts = document_texts(batch)
     contexts, continuations, owner, tokens = [], [], [], []
     for doc, ids in enumerate(encoder.encode_many(texts)):
         tokens.append(len(ids))
@@ -93,6 +100,30 @@ class DocPerplexity(DeferredStartup):
         nll = [-x for x in docs.per_doc(loglik)]
         verdict = pa.array([self.scorer.plan.prefix_sharing] * len(nll), pa.string())
         return pa.table({**docs.counts(batch), "nll": pa.array(nll, pa.float64()), PREFIX_SHARING_COLUMN: verdict})
+
+
+class DocPseudoPerplexity(DeferredStartup):
+    """A masked LM's PLL per document (raylm.scoring.mlm), from windows that score each token once
+    (raylm.requests.masked); `tokens` counts the tokens scored."""
+
+    def start(self, spec: ModelSpec, max_length: int, stride: int, threads: int = 0) -> None:
+        if threads:
+            torch.set_num_threads(threads)
+        self.encoder = MaskedEncoder(load_tokenizer(spec), max_length)
+        self.scorer: MaskedScorer = MaskedScorer.from_spec(spec)
+        self.stride = stride
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        self.check_started()
+        texts = document_texts(batch)
+        windowed = self.encoder.document_windows(texts, self.stride)
+        windows = [w for doc in windowed for w in doc]
+        loglik, _ = self.scorer.score([w.context for w in windows], [w.continuation for w in windows],
+                                      [w.following for w in windows], [w.word_ids for w in windows])
+        owner = np.repeat(np.arange(len(texts)), [len(doc) for doc in windowed])
+        tokens = [sum(t != UNSCORED for w in doc for t in w.word_ids) for doc in windowed]
+        docs = WindowedDocs(texts, tokens, [], [], owner)
+        return pa.table({**docs.counts(batch), "pll": pa.array(docs.per_doc(loglik), pa.float64())})
 
 
 class DocKL(DeferredStartup):

@@ -25,15 +25,17 @@ from tqdm import tqdm
 
 from raylm.cluster.failures import remote_traceback
 from raylm.cluster.runtime import connect, plan_actors
-from raylm.corpus.doc_scoring import PREFIX_SHARING_COLUMN, DocKL, DocPerplexity
+from raylm.corpus.doc_scoring import PREFIX_SHARING_COLUMN, DocKL, DocPerplexity, DocPseudoPerplexity
 from raylm.corpus.read import DEFAULT_DOCS_PER_BATCH, FORMATS, read_corpus
 from raylm.errors import RaylmError, RemoteError
 from raylm.requests.encoding import resolve_max_length
+from raylm.requests.masked import MaskedEncoder, masked_max_length
 from raylm.results.atomic import write_atomic
-from raylm.results.metrics import kl_metrics, ppl_metrics
+from raylm.results.metrics import kl_metrics, ppl_metrics, pseudo_ppl_metrics
 from raylm.results.report import prefix_sharing, run_config
 from raylm.results.sums import corpus_batch_sums, merge
-from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer
+from raylm.scoring.mlm import MASKED_PREFIX_SHARING
+from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer, resolve_scorer
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +82,29 @@ class CorpusResult:
     stride: int
     wall_s: float
     prefix_sharing: str | list[str] | None = None
+    scorer: str = "causal"
+
+    @property
+    def label(self) -> str:
+        return result_label(self.config, self.scorer)
+
+
+def result_label(cfg: CorpusConfig, scorer: str) -> str:
+    """What results.json and the samples file call the numbers: a masked LM's are pseudo-perplexities."""
+    return "pseudo_ppl" if scorer == "mlm" else cfg.kind
 
 
 def model_max_length(spec: ModelSpec):
-    """The model's tokenizer and context length, read without loading weights."""
+    """The model's tokenizer, context length and scorer ("causal" or "mlm"), read without loading weights."""
     check_model_path(spec)
     tokenizer = load_tokenizer(spec)
-    return tokenizer, resolve_max_length(load_config(spec), tokenizer)
+    config = load_config(spec)
+    scorer = resolve_scorer(spec, config)
+    try:
+        limit = masked_max_length(config, tokenizer) if scorer == "mlm" else resolve_max_length(config, tokenizer)
+    except ValueError as e:
+        raise RaylmError(str(e)) from e
+    return tokenizer, limit, scorer
 
 
 def check_same_tokenizer(a, b, name_a: str, name_b: str) -> None:
@@ -99,20 +117,34 @@ def check_same_tokenizer(a, b, name_a: str, name_b: str) -> None:
                          "KL needs models that share a tokenizer")
 
 
-def resolve_lengths(cfg: CorpusConfig) -> tuple[int, int]:
-    """(max_length, stride): --max-length may shorten the model's context, never extend it."""
-    tokenizer, limit = model_max_length(cfg.model)
+def resolve_lengths(cfg: CorpusConfig) -> tuple[int, int, str]:
+    """(max_length, stride, scorer): --max-length may shorten the model's context, never extend it.
+
+    A masked LM's stride is the number of tokens each window scores, at most what a window holds besides its
+    special tokens; the default, or a stride of the whole max length, is exactly that (disjoint spans)."""
+    tokenizer, limit, scorer = model_max_length(cfg.model)
     if cfg.model_b is not None:
-        tokenizer_b, limit_b = model_max_length(cfg.model_b)
+        tokenizer_b, limit_b, scorer_b = model_max_length(cfg.model_b)
+        if "mlm" in (scorer, scorer_b):
+            raise RaylmError("raylm kl compares causal LMs' next-token distributions; "
+                             f"'{cfg.model.path if scorer == 'mlm' else cfg.model_b.path}' is a masked LM")
         check_same_tokenizer(tokenizer, tokenizer_b, cfg.model.path, cfg.model_b.path)
         limit = min(limit, limit_b)
+    if scorer == "causal" and cfg.model.pll != "original":
+        raise RaylmError(f"--pll {cfg.model.pll} applies to masked language models; '{cfg.model.path}' is scored "
+                         "as a causal LM (pass --scorer mlm if it is a masked LM)")
     max_length = cfg.max_length or limit
     if max_length > limit:
         raise RaylmError(f"--max-length {max_length} exceeds the model's context length {limit}")
     stride = cfg.stride or max_length
     if stride > max_length:
         raise RaylmError(f"--stride {stride} must not exceed the max length {max_length}")
-    return max_length, stride
+    if scorer == "mlm":
+        try:
+            stride = min(stride, MaskedEncoder(tokenizer, max_length).room)
+        except ValueError as e:
+            raise RaylmError(str(e)) from e
+    return max_length, stride, scorer
 
 
 def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
@@ -121,26 +153,27 @@ def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
 
     cfg.validate()
     start = time.time()
-    max_length, stride = resolve_lengths(cfg)
+    max_length, stride, scorer = resolve_lengths(cfg)
     connect()
     ds = read_corpus(cfg.data, cfg.fmt, cfg.text_column, cfg.limit_docs)
     # CPU actors leave one CPU to Ray Data's read tasks, or the stream would stall with every CPU held by an
     # actor waiting for input.
     recipe, n = plan_actors(cfg.model, cfg.actors, None, reserve_cpus=1.0)
     if cfg.model_b is None:
-        fn, args = DocPerplexity, (cfg.model, max_length, stride, recipe.threads)
+        fn = DocPseudoPerplexity if scorer == "mlm" else DocPerplexity
+        args = (cfg.model, max_length, stride, recipe.threads)
     else:
         fn, args = DocKL, (cfg.model, cfg.model_b, max_length, stride, recipe.threads)
     scored = ds.map_batches(fn, fn_constructor_args=args, batch_size=cfg.docs_per_batch, batch_format="pyarrow",
                             compute=ray.data.ActorPoolStrategy(size=n), num_cpus=recipe.num_cpus,
                             num_gpus=recipe.num_gpus)
-    samples = out_dir / "samples" / f"{cfg.kind}.parquet"
-    sums, verdicts = _stream(scored, samples, cfg.progress)
+    label = result_label(cfg, scorer)
+    sums, verdicts = _stream(scored, out_dir / "samples" / f"{label}.parquet", cfg.progress)
     if not sums:
         raise RaylmError(f"{cfg.data}: the corpus has no documents")
-    metrics = ppl_metrics(sums) if cfg.kind == "ppl" else kl_metrics(sums)
-    sharing = prefix_sharing(verdicts) if cfg.kind == "ppl" else KL_PREFIX_SHARING
-    result = CorpusResult(cfg, metrics, max_length, stride, time.time() - start, sharing)
+    metrics = {"ppl": ppl_metrics, "pseudo_ppl": pseudo_ppl_metrics, "kl": kl_metrics}[label](sums)
+    sharing = {"ppl": prefix_sharing(verdicts), "pseudo_ppl": MASKED_PREFIX_SHARING, "kl": KL_PREFIX_SHARING}[label]
+    result = CorpusResult(cfg, metrics, max_length, stride, time.time() - start, sharing, scorer)
     write_atomic(out_dir / "results.json", json.dumps(results_dict(result), indent=2, default=str).encode())
     return result
 
@@ -205,10 +238,11 @@ def _worker_error(e: Exception) -> RemoteError | None:
 def results_dict(result: CorpusResult) -> dict[str, Any]:
     cfg = result.config
     return {
-        "results": {cfg.kind: result.metrics},
+        "results": {result.label: result.metrics},
         "config": run_config(
             cfg.model, result.wall_s, command=cfg.kind, model_b=cfg.model_b.path if cfg.model_b else None,
             model_b_args=cfg.model_b.as_dict() if cfg.model_b else None,
             **{k: v for k, v in asdict(cfg).items() if k not in ("model", "model_b", "max_length", "stride")},
-            max_length=result.max_length, stride=result.stride, prefix_sharing=result.prefix_sharing),
+            max_length=result.max_length, stride=result.stride, prefix_sharing=result.prefix_sharing,
+            scorer=result.scorer, pll=cfg.model.pll if result.scorer == "mlm" else None),
     }

@@ -2,7 +2,9 @@
 
 Token ids travel as list<int32> columns so shards are zero-copy Arrow blocks in Ray's object store. The columns
 that metrics need ride along (gold and acc_norm lengths for choices; word/byte counts, set on a document's
-first window only, for rolling text) so an actor can reduce its shard to sums without any other state.
+first window only, for rolling text) so an actor can reduce its shard to sums without any other state. A masked
+LM's table has two more columns (raylm.requests.masked): `following`, the tokens after the continuation, and
+`word_ids`, each continuation token's word; a table has them exactly when it is meant for a masked-LM scorer.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import pyarrow as pa
 
 from raylm.requests.encoding import Encoder
+from raylm.requests.masked import MaskedEncoder, MaskedRequest
 from raylm.requests.windows import strided_windows
 from raylm.errors import RaylmError
 from raylm.tasks import ChoiceDoc, Doc, Task, TextDoc
@@ -28,43 +31,82 @@ SCHEMA = pa.schema([
     ("words", pa.int64()),
     ("bytes", pa.int64()),
 ])
+MASKED_COLUMNS = ("following", "word_ids")
+MASKED_SCHEMA = pa.schema([*SCHEMA, *((name, pa.list_(pa.int32())) for name in MASKED_COLUMNS)])
 
 
-def build_requests(task: Task, docs: list[Doc], encoder: Encoder) -> pa.Table:
+def build_requests(task: Task, docs: list[Doc], encoder: Encoder | MaskedEncoder) -> pa.Table:
     """All of a task's requests, sorted by (doc_id, req_idx) so shards can be cut on document boundaries."""
-    cols: dict[str, list] = {name: [] for name in SCHEMA.names}
+    masked = isinstance(encoder, MaskedEncoder)
+    cols: dict[str, list] = {name: [] for name in (MASKED_SCHEMA if masked else SCHEMA).names}
     if task.kind == "multiple_choice":
-        _choice_requests([d for d in docs if isinstance(d, ChoiceDoc)], encoder, cols)
+        requests = _choice_requests([d for d in docs if isinstance(d, ChoiceDoc)], encoder, cols)
     else:
-        _rolling_requests([d for d in docs if isinstance(d, TextDoc)], encoder, cols)
-    _check_lengths(task, cols, encoder.max_length)
-    return pa.table(cols, schema=SCHEMA)
+        requests = _rolling_requests([d for d in docs if isinstance(d, TextDoc)], encoder, cols)
+    if masked:
+        _check_masked_lengths(task, cols["doc_id"], requests, encoder.max_length)
+    else:
+        _check_lengths(task, cols, encoder.max_length)
+    return pa.table(cols, schema=MASKED_SCHEMA if masked else SCHEMA)
 
 
-def _choice_requests(docs: list[ChoiceDoc], encoder: Encoder, cols: dict[str, list]) -> None:
+Request = tuple[list[int], list[int]] | MaskedRequest  # (context, continuation) for a causal LM
+
+
+def _choice_requests(docs: list[ChoiceDoc], encoder: Encoder | MaskedEncoder, cols: dict[str, list]
+                     ) -> list[Request]:
     pairs = [(c, k) for d in docs for c, k in zip(d.contexts, d.continuations)]
-    encoded = iter(encoder.encode_pairs(pairs))
+    requests = encoder.encode_pairs(pairs)
+    encoded = iter(requests)
     for doc in docs:
         for req_idx, norm_len in enumerate(doc.norm_lengths):
-            context, continuation = next(encoded)
-            _append(cols, doc.doc_id, req_idx, context, continuation, doc.gold, norm_len, 0, 0)
+            _append(cols, doc.doc_id, req_idx, next(encoded), doc.gold, norm_len, 0, 0)
+    return requests
 
 
-def _rolling_requests(docs: list[TextDoc], encoder: Encoder, cols: dict[str, list]) -> None:
-    for doc, tokens in zip(docs, encoder.encode_many([d.text for d in docs])):
-        windows = strided_windows(tokens, encoder.prefix_token, encoder.max_length, encoder.max_length)
-        for req_idx, (context, continuation) in enumerate(windows):
+def _rolling_requests(docs: list[TextDoc], encoder: Encoder | MaskedEncoder, cols: dict[str, list]
+                      ) -> list[Request]:
+    if isinstance(encoder, MaskedEncoder):
+        windowed = encoder.document_windows([d.text for d in docs])
+    else:
+        windowed = [strided_windows(tokens, encoder.prefix_token, encoder.max_length, encoder.max_length)
+                    for tokens in encoder.encode_many([d.text for d in docs])]
+    requests: list[Request] = []
+    for doc, windows in zip(docs, windowed):
+        for req_idx, request in enumerate(windows):
             first = req_idx == 0
-            _append(cols, doc.doc_id, req_idx, context, continuation, -1, 0,
-                    doc.words if first else 0, doc.bytes if first else 0)
+            _append(cols, doc.doc_id, req_idx, request, -1, 0, doc.words if first else 0, doc.bytes if first else 0)
+        requests += windows
+    return requests
 
 
-def _append(cols: dict[str, list], doc_id: int, req_idx: int, context: list[int], continuation: list[int],
-            gold: int, norm_len: int, words: int, n_bytes: int) -> None:
+def _append(cols: dict[str, list], doc_id: int, req_idx: int, request: Request, gold: int, norm_len: int,
+            words: int, n_bytes: int) -> None:
+    if isinstance(request, MaskedRequest):
+        cols["following"].append(request.following)
+        cols["word_ids"].append(request.word_ids)
+        context, continuation = request.context, request.continuation
+    else:
+        context, continuation = request
     for name, value in (("doc_id", doc_id), ("req_idx", req_idx), ("context", context),
                         ("continuation", continuation), ("gold", gold), ("norm_len", norm_len),
                         ("words", words), ("bytes", n_bytes)):
         cols[name].append(value)
+
+
+def _check_masked_lengths(task: Task, doc_ids: list[int], requests: list[MaskedRequest], max_length: int) -> None:
+    """A masked request's context is already cut to fit (raylm.requests.masked); what still does not fit is a
+    continuation too long for the model's max length with its special tokens."""
+    for doc_id, request in zip(doc_ids, requests):
+        if not request.continuation:
+            raise RaylmError(f"{task.name}: doc {doc_id}: the continuation encodes to no tokens")
+        if request.length > max_length:
+            raise RaylmError(f"{task.name}: doc {doc_id}: continuation of {len(request.continuation)} tokens does "
+                             f"not fit the model's max length {max_length} with its special tokens")
+    truncated = sum(r.dropped > 0 for r in requests)
+    if truncated:
+        log.warning("%s: %d requests exceed the model's max length %d; their contexts are left-truncated",
+                    task.name, truncated, max_length)
 
 
 def _check_lengths(task: Task, cols: dict[str, list], max_length: int) -> None:

@@ -42,6 +42,14 @@ def ppl_metrics(sums: dict[str, float]) -> dict[str, float]:
     return {**sums, **perplexities(sums["nll_sum"], sums)}
 
 
+def pseudo_ppl_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """A masked LM's corpus numbers: the PLL sum (nats, <= 0) and the same per-unit quantities as ppl_metrics
+    computed from -PLL, each named as a pseudo-perplexity (bits per byte and per char stay in bits of -PLL).
+    They rank masked LMs against each other; they are not comparable with a causal LM's perplexity."""
+    values = perplexities(-sums["pll_sum"], sums)
+    return {**sums, **{key.replace("_perplexity", "_pseudo_perplexity"): value for key, value in values.items()}}
+
+
 def kl_metrics(sums: dict[str, float]) -> dict[str, float]:
     return {
         **sums,

@@ -31,12 +31,15 @@ def shard_sums(kind: str, scored: pa.Table) -> dict[str, float]:
 
 
 def corpus_batch_sums(rows: pa.Table) -> dict[str, float]:
-    """Sums of one batch of per-document rows of `raylm ppl` (column nll) or `raylm kl` (kl, nll_p, nll_q)."""
+    """Sums of one batch of per-document rows of `raylm ppl` (column nll; pll for a masked LM) or `raylm kl`
+    (kl, nll_p, nll_q)."""
     sums: dict[str, float] = {"docs": rows.num_rows}
     for key in CORPUS_COUNTS:
         sums[key] = int(sum(rows[key].to_pylist()))
     if "nll" in rows.column_names:
         sums["nll_sum"] = math.fsum(rows["nll"].to_pylist())
+    elif "pll" in rows.column_names:
+        sums["pll_sum"] = math.fsum(rows["pll"].to_pylist())
     else:
         for key, column in _KL_COLUMNS.items():
             sums[key] = math.fsum(rows[column].to_pylist())

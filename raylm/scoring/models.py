@@ -1,4 +1,5 @@
-"""Loading a causal LM and its tokenizer through the same `from_pretrained` path for hub ids and local dirs.
+"""Loading a causal or masked LM and its tokenizer through the same `from_pretrained` path for hub ids and local
+dirs, and deciding from a model's config which of the two it is.
 
 torch is imported where a model is loaded, not with this module: the driver needs only ModelSpec and the checks
 before it starts Ray, and `raylm eval` starts Ray while a thread imports torch and transformers to tokenise.
@@ -23,6 +24,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 SAFE_WEIGHTS = "*.safetensors"
 PICKLE_WEIGHTS = "pytorch_model*.bin"
 QUANTIZATIONS = ("4bit", "8bit")
+SCORERS = ("auto", "causal", "mlm")
+# Pseudo-log-likelihood variants (raylm.scoring.mlm): Salazar et al.'s, and Kauf & Ivanova's within-word l2r.
+PLL_VARIANTS = ("original", "word-l2r")
 # bitsandbytes' packed CPU kernel for 4-bit weights needs out_features % 32 == 0 and in_features % blocksize == 0;
 # other layers (stories260K's 172-wide MLP) must take its generic path or the first forward fails.
 CPU_PACKED_4BIT_BLOCK_N = 32
@@ -47,6 +51,8 @@ class ModelSpec:
     trust_remote_code: bool = False
     allow_pickle: bool = False  # pickle weights (pytorch_model.bin) can run code when loaded: opt-in only
     quantization: str | None = None  # None, "4bit" (nf4, double quant, bf16 compute) or "8bit" (LLM.int8)
+    scorer: str = "auto"  # "auto" (from the config: masked_or_causal), "causal" or "mlm"
+    pll: str = "original"  # the PLL variant a masked LM is scored with
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,6 +62,13 @@ class ModelSpec:
         check_dtype(self.dtype)
         check_device(self.device)
         check_quantization(self.quantization)
+        check_choice("scorer", self.scorer, SCORERS)
+        check_choice("PLL variant", self.pll, PLL_VARIANTS)
+
+
+def check_choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise RaylmError(f"unknown {what} {value!r} (use {', '.join(allowed)})")
 
 
 def check_dtype(dtype: str) -> None:
@@ -128,31 +141,81 @@ def _from_pretrained(auto_class: str, what: str, spec: ModelSpec) -> Any:
         raise RaylmError(f"could not load {what} of '{spec.path}': {first_line(e)}") from e
 
 
-def load_model(spec: ModelSpec) -> torch.nn.Module:
-    AutoModelForCausalLM = _from_transformers("AutoModelForCausalLM")
+def masked_or_causal(config) -> str:
+    """"mlm" or "causal", from the config alone, in this order:
+
+    1. `architectures`, what the checkpoint was saved as: a *ForMaskedLM class is mlm; *ForCausalLM or
+       *LMHeadModel is causal. BERT, RoBERTa, ELECTRA, XLM-R and others have both kinds of class
+       (RobertaForCausalLM is the encoder run as a decoder), so the model type cannot decide when this is stated.
+    2. `is_decoder` / `is_encoder_decoder`: an encoder family configured as a decoder is causal, and
+       encoder-decoder models (BART, in both auto mappings) are not scored as masked LMs.
+    3. A model type with a masked-LM class in transformers' auto mapping is mlm (an unlabelled BERT or
+       DeBERTa checkpoint); anything else is causal, as before masked LMs were supported.
+    """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    for name in getattr(config, "architectures", None) or ():
+        if name.endswith("ForMaskedLM"):
+            return "mlm"
+        if name.endswith(("ForCausalLM", "LMHeadModel")):
+            return "causal"
+    if getattr(config, "is_decoder", False) or getattr(config, "is_encoder_decoder", False):
+        return "causal"
+    return "mlm" if getattr(config, "model_type", None) in MODEL_FOR_MASKED_LM_MAPPING_NAMES else "causal"
+
+
+def resolve_scorer(spec: ModelSpec, config) -> str:
+    """The scorer a run uses: --scorer when given, else what the config says the model is."""
+    check_choice("scorer", spec.scorer, SCORERS)
+    return masked_or_causal(config) if spec.scorer == "auto" else spec.scorer
+
+
+def load_model(spec: ModelSpec, kind: str = "causal") -> torch.nn.Module:
+    """The model with its causal LM head, or (kind "mlm") its masked-LM head, which must be in the checkpoint."""
+    auto_class = _from_transformers("AutoModelForMaskedLM" if kind == "mlm" else "AutoModelForCausalLM")
 
     spec.validate()
     device = resolve_device(spec.device)
     # Quantised weights are placed by from_pretrained itself: bitsandbytes models refuse a later `.to()`.
     placement = {"quantization_config": quantization_config(spec.quantization), "device_map": {"": device}} \
         if spec.quantization else {}
-    # The attention implementation is chosen here rather than left to transformers' default, because whether
-    # requests may share a row depends on it (raylm.scoring.attention plans from what the model ends up with).
-    implementation = load_implementation(load_config(spec), spec.trust_remote_code)
+    # A causal LM's attention implementation is chosen here rather than left to transformers' default, because
+    # whether requests may share a row depends on it (raylm.scoring.attention plans from what the model ends up
+    # with). A masked LM's copies never share a row.
+    implementation = load_implementation(load_config(spec), spec.trust_remote_code) if kind == "causal" else None
     if implementation is not None:
         placement["attn_implementation"] = implementation
     try:
-        model = AutoModelForCausalLM.from_pretrained(_source(spec), revision=spec.revision,
-                                                     dtype=_torch_dtype(spec.dtype),
-                                                     trust_remote_code=spec.trust_remote_code,
-                                                     use_safetensors=None if spec.allow_pickle else True, **placement)
+        model, info = auto_class.from_pretrained(_source(spec), revision=spec.revision, dtype=_torch_dtype(spec.dtype),
+                                                 trust_remote_code=spec.trust_remote_code,
+                                                 use_safetensors=None if spec.allow_pickle else True,
+                                                 output_loading_info=True, **placement)
     except (OSError, ValueError) as e:
         raise RaylmError(f"could not load model '{spec.path}': {first_line(e)}") from e
+    if kind == "mlm":
+        _refuse_missing_head(spec, model, info["missing_keys"])
     _use_fused_tanh_gelu(model)
     if spec.quantization:
         _avoid_unpackable_cpu_4bit(model)
         return model.eval()
     return model.to(device).eval()
+
+
+def _refuse_missing_head(spec: ModelSpec, model: torch.nn.Module, missing_keys: list[str]) -> None:
+    """A masked-LM head that is not in the checkpoint would be randomly initialised, and its PLLs meaningless.
+
+    The config cannot show this: a bare BertModel, an ELECTRA discriminator (ElectraForPreTraining), DeBERTa-v3
+    (trained by replaced-token detection, no MLM head) and DeBERTa v1/v2 read with the default legacy=True (their
+    head is saved as lm_predictions.*, which is then ignored) all load into AutoModelForMaskedLM with a fresh head.
+    """
+    encoder = model.base_model_prefix + "."
+    missing = sorted(k for k in missing_keys if not k.startswith(encoder))
+    if not missing:
+        return
+    hint = " (DeBERTa v1/v2 checkpoints need legacy=false in their config; DeBERTa-v3 has no MLM head)" \
+        if model.config.model_type.startswith("deberta") else ""
+    raise RaylmError(f"'{spec.path}' holds no trained masked-LM head: {', '.join(missing[:4])}"
+                     f"{' ...' if len(missing) > 4 else ''} would be random{hint}")
 
 
 def _use_fused_tanh_gelu(model: torch.nn.Module) -> None:

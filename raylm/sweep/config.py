@@ -12,20 +12,21 @@ import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import yaml
 
 from raylm.config import DEFAULT_FEWSHOT_SEED, EvalConfig
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
+from raylm.data.yaml_nodes import NodeReader, compose_file
 from raylm.errors import RaylmError
-from raylm.scoring.models import QUANTIZATIONS, ModelSpec, check_device, check_dtype, looks_local
+from raylm.scoring.models import PLL_VARIANTS, QUANTIZATIONS, SCORERS, ModelSpec, check_choice, check_device, \
+    check_dtype, looks_local
 from raylm.tasks import TASKS
 
 PACKAGED = "raylm:demo"  # the packaged stories260K model (as a model path) or the packaged data (as data_dir)
 TOP_KEYS = ("models", "tasks", "settings", "data_dir", "seed", "device", "actors_per_model", "num_gpus", "num_cpus")
-MODEL_KEYS = ("path", "name", "dtype", "load_in_4bit", "load_in_8bit", "revision")
+MODEL_KEYS = ("path", "name", "dtype", "load_in_4bit", "load_in_8bit", "revision", "scorer", "pll")
 SETTING_KEYS = ("num_fewshot", "limit", "batch_size", "dtype", "quantization")
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -63,70 +64,10 @@ class Sweep:
                           point.batch_size, self.actors_per_model, progress=False, num_gpus=self.num_gpus)
 
 
-class _Reader:
-    """Turns nodes into checked values; every failure names the file, the node's line and the key path."""
-
-    def __init__(self, source: Path):
-        self.source = source
-
-    def fail(self, node: yaml.Node, key: str, message: str) -> RaylmError:
-        return RaylmError(f"{self.source}: line {node.start_mark.line + 1}: {key}: {message}")
-
-    def mapping(self, node: yaml.Node, key: str, allowed: tuple[str, ...]) -> dict[str, yaml.Node]:
-        if not isinstance(node, yaml.MappingNode):
-            raise self.fail(node, key, "must be a mapping")
-        out: dict[str, yaml.Node] = {}
-        for k, v in node.value:
-            name = self.scalar(k, key)
-            where = f"{key}.{name}" if key else str(name)
-            if name not in allowed:
-                raise self.fail(k, where, f"unknown key (allowed: {', '.join(allowed)})")
-            if name in out:
-                raise self.fail(k, where, "given twice")
-            out[name] = v
-        return out
-
-    def scalar(self, node: yaml.Node, key: str) -> Any:
-        if not isinstance(node, yaml.ScalarNode):
-            raise self.fail(node, key, "must be a single value")
-        return yaml.constructor.SafeConstructor().construct_object(node)
-
-    def values(self, node: yaml.Node, key: str) -> list[tuple[yaml.Node, Any]]:
-        """A scalar or a list of scalars, each with its node (so errors point at the offending item)."""
-        items = node.value if isinstance(node, yaml.SequenceNode) else [node]
-        if not items:
-            raise self.fail(node, key, "must not be empty")
-        return [(item, self.scalar(item, key)) for item in items]
-
-    def checked(self, node: yaml.Node, key: str, check: Callable[[Any], None], value: Any) -> Any:
-        """`value`, after `check` (which raises a RaylmError) passed it; the error names this node's line."""
-        try:
-            check(value)
-        except RaylmError as e:
-            raise self.fail(node, key, str(e)) from e
-        return value
-
-    def typed(self, node: yaml.Node, key: str, kind: type | tuple[type, ...], what: str) -> Any:
-        value = self.scalar(node, key)
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds:
-            raise self.fail(node, key, f"must be {what}, got {value!r}")
-        return value
-
-
 def load_sweep(path: Path) -> Sweep:
     """Parse and check a sweep file; relative model and data paths resolve against the file's directory."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise RaylmError(f"{path}: cannot read sweep file: {e.strerror}") from e
-    r = _Reader(path)
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f"line {mark.line + 1}: " if mark else ""
-        raise RaylmError(f"{path}: {line}not valid YAML: {getattr(e, 'problem', e)}") from e
+    root = compose_file(path, "sweep file")
+    r = NodeReader(path)
     if root is None:
         raise RaylmError(f"{path}: line 1: the sweep file is empty (it needs at least 'models' and 'tasks')")
     top = r.mapping(root, "", TOP_KEYS)
@@ -153,7 +94,7 @@ def load_sweep(path: Path) -> Sweep:
     return sweep
 
 
-def _positive(r: _Reader, top: dict[str, yaml.Node], key: str, kind: type | tuple[type, ...], default: Any,
+def _positive(r: NodeReader, top: dict[str, yaml.Node], key: str, kind: type | tuple[type, ...], default: Any,
               allow_zero: bool = False) -> Any:
     if key not in top:
         return default
@@ -163,13 +104,13 @@ def _positive(r: _Reader, top: dict[str, yaml.Node], key: str, kind: type | tupl
     return value
 
 
-def _device(r: _Reader, top: dict[str, yaml.Node]) -> str:
+def _device(r: NodeReader, top: dict[str, yaml.Node]) -> str:
     if "device" not in top:
         return "auto"
     return r.checked(top["device"], "device", check_device, r.typed(top["device"], "device", str, "a string"))
 
 
-def _tasks(r: _Reader, node: yaml.Node) -> tuple[str, ...]:
+def _tasks(r: NodeReader, node: yaml.Node) -> tuple[str, ...]:
     tasks = []
     for item, name in r.values(node, "tasks"):
         if name not in TASKS:
@@ -178,7 +119,7 @@ def _tasks(r: _Reader, node: yaml.Node) -> tuple[str, ...]:
     return tuple(tasks)
 
 
-def _data_dir(r: _Reader, node: yaml.Node, base: Path) -> Path:
+def _data_dir(r: NodeReader, node: yaml.Node, base: Path) -> Path:
     value = r.typed(node, "data_dir", str, "a directory")
     path = DEMO_DATA if value == PACKAGED else (base / Path(value).expanduser()).resolve()
     if not path.is_dir():
@@ -195,7 +136,7 @@ def _model_path(value: str, base: Path) -> str:
     return os.path.abspath(local) if looks_local(value) or local.exists() else value
 
 
-def _models(r: _Reader, node: yaml.Node, grid: dict[str, yaml.Node], base: Path, device: str
+def _models(r: NodeReader, node: yaml.Node, grid: dict[str, yaml.Node], base: Path, device: str
             ) -> tuple[SweepModel, ...]:
     if not isinstance(node, yaml.SequenceNode) or not node.value:
         raise r.fail(node, "models", "must be a non-empty list of model paths or mappings with a 'path'")
@@ -230,7 +171,7 @@ def _models(r: _Reader, node: yaml.Node, grid: dict[str, yaml.Node], base: Path,
     return tuple(out)
 
 
-def _model(r: _Reader, item: yaml.Node, key: str, base: Path, device: str, grid_dtype: bool, grid_quant: bool
+def _model(r: NodeReader, item: yaml.Node, key: str, base: Path, device: str, grid_dtype: bool, grid_quant: bool
            ) -> tuple[ModelSpec, str, yaml.Node]:
     """One entry of `models`: its spec, its folder name before grid suffixes, and the node to blame for the name."""
     fields = {"path": item} if isinstance(item, yaml.ScalarNode) else r.mapping(item, key, MODEL_KEYS)
@@ -239,6 +180,11 @@ def _model(r: _Reader, item: yaml.Node, key: str, base: Path, device: str, grid_
     spec = ModelSpec(_model_path(r.typed(fields["path"], f"{key}.path", str, "a string"), base), device=device)
     if "revision" in fields:
         spec = replace(spec, revision=str(r.scalar(fields["revision"], f"{key}.revision")))
+    for field, what, allowed in (("scorer", "scorer", SCORERS), ("pll", "PLL variant", PLL_VARIANTS)):
+        if field in fields:
+            value = r.typed(fields[field], f"{key}.{field}", str, "a string")
+            r.checked(fields[field], f"{key}.{field}", lambda v: check_choice(what, v, allowed), value)
+            spec = replace(spec, **{field: value})
     if "dtype" in fields:
         if grid_dtype:
             raise r.fail(fields["dtype"], f"{key}.dtype", "also given in settings.dtype; set it in one place")
@@ -259,10 +205,12 @@ def _default_name(spec: ModelSpec) -> str:
     name = Path(spec.path).name
     if spec.dtype != "auto":
         name += f"-{spec.dtype}"
+    if spec.pll != PLL_VARIANTS[0]:
+        name += f"-{spec.pll}"
     return f"{name}-{spec.quantization}" if spec.quantization else name
 
 
-def _points(r: _Reader, grid: dict[str, yaml.Node]) -> tuple[SweepPoint, ...]:
+def _points(r: NodeReader, grid: dict[str, yaml.Node]) -> tuple[SweepPoint, ...]:
     shots = [_count(r, n, v, "settings.num_fewshot", 0)
              for n, v in r.values(grid["num_fewshot"], "settings.num_fewshot")] if "num_fewshot" in grid else [0]
     limits = [None if v is None else _count(r, n, v, "settings.limit", 1)
@@ -273,7 +221,7 @@ def _points(r: _Reader, grid: dict[str, yaml.Node]) -> tuple[SweepPoint, ...]:
                  for k, limit, batch in itertools.product(shots, limits, batches))
 
 
-def _count(r: _Reader, node: yaml.Node, value: Any, key: str, minimum: int) -> int:
+def _count(r: NodeReader, node: yaml.Node, value: Any, key: str, minimum: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         extra = " or 'auto'" if key.endswith("batch_size") else " or null (all)" if key.endswith("limit") else ""
         raise r.fail(node, key, f"must be an integer >= {minimum}{extra}, got {value!r}")
