@@ -10,10 +10,9 @@ import pytest
 from conftest import DATA, GOLDEN, STORIES
 from raylm.requests.encoding import Encoder
 from raylm.requests.windows import strided_windows
-from raylm.errors import InputError, RaylmError
+from raylm.errors import InputError
 from raylm.scoring.models import ModelSpec, load_tokenizer
 from raylm.tasks import get_task, hellaswag, wikitext, winogrande
-from raylm.tasks.base import with_fewshot
 
 
 @pytest.fixture(scope="module")
@@ -68,20 +67,6 @@ def test_rolling_windows_score_every_token_once_within_max_length(max_length):
         # Every window but the first conditions on the tokens right before it.
         for (context, continuation), (_, previous) in zip(windows[1:], windows):
             assert context[-1] == previous[-1]
-
-
-def test_fewshot_prefix_is_seeded_and_joined_like_lm_eval():
-    docs = winogrande.load_docs(DATA)[:3]
-    pool = winogrande.load_fewshot_pool(DATA)
-    shots = with_fewshot(winogrande.TASK, docs, pool, 2, seed=1234)
-    rnd = random.Random(1234)
-    for doc, shot in zip(docs, shots):
-        examples = rnd.sample(pool, 2)
-        prefix = "".join(e.contexts[e.gold] + e.continuations[e.gold] + "\n\n" for e in examples)
-        assert shot.contexts == tuple(prefix + c for c in doc.contexts)
-    assert with_fewshot(winogrande.TASK, docs, pool, 2, seed=1234) == shots
-    with pytest.raises(RaylmError, match="larger than the few-shot pool"):
-        with_fewshot(winogrande.TASK, docs, pool[:1], 2, seed=1)
 
 
 def write_rows(path, rows):
