@@ -12,7 +12,7 @@ from raylm.requests.encoding import Encoder
 from raylm.requests.windows import strided_windows
 from raylm.errors import InputError
 from raylm.scoring.models import ModelSpec, load_tokenizer
-from raylm.tasks import get_task, hellaswag, wikitext, winogrande
+from raylm.tasks import get_task, hellaswag, wikitext
 
 
 @pytest.fixture(scope="module")
