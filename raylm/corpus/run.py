@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +31,10 @@ from raylm.errors import RaylmError, RemoteError
 from raylm.requests.encoding import resolve_max_length
 from raylm.results.atomic import write_atomic
 from raylm.results.metrics import kl_metrics, ppl_metrics
+from raylm.results.model_identity import pin_revision
 from raylm.results.report import run_config
 from raylm.results.sums import corpus_batch_sums, merge
-from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer
+from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer, looks_local
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class CorpusResult:
     max_length: int
     stride: int
     wall_s: float
+    commits: list[str | None]  # per model (P, then Q for kl): the hub commit scored, None for a local directory
 
 
 def model_max_length(spec: ModelSpec):
@@ -119,6 +121,10 @@ def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
 
     cfg.validate()
     start = time.time()
+    asked = cfg
+    # Actors of the pool may start at different times: each must load the same commit of a hub model.
+    cfg = replace(cfg, model=pin_revision(cfg.model),
+                  model_b=pin_revision(cfg.model_b) if cfg.model_b is not None else None)
     max_length, stride = resolve_lengths(cfg)
     connect()
     ds = read_corpus(cfg.data, cfg.fmt, cfg.text_column, cfg.limit_docs)
@@ -137,7 +143,8 @@ def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
     if not sums:
         raise RaylmError(f"{cfg.data}: the corpus has no documents")
     metrics = ppl_metrics(sums) if cfg.kind == "ppl" else kl_metrics(sums)
-    result = CorpusResult(cfg, metrics, max_length, stride, time.time() - start)
+    result = CorpusResult(asked, metrics, max_length, stride, time.time() - start,
+                          [None if looks_local(m.path) else m.revision for m in (cfg.model, cfg.model_b) if m])
     write_atomic(out_dir / "results.json", json.dumps(results_dict(result), indent=2, default=str).encode())
     return result
 
@@ -202,5 +209,6 @@ def results_dict(result: CorpusResult) -> dict[str, Any]:
             cfg.model, result.wall_s, command=cfg.kind, model_b=cfg.model_b.path if cfg.model_b else None,
             model_b_args=cfg.model_b.as_dict() if cfg.model_b else None,
             **{k: v for k, v in asdict(cfg).items() if k not in ("model", "model_b", "max_length", "stride")},
-            max_length=result.max_length, stride=result.stride),
+            max_length=result.max_length, stride=result.stride, model_commit=result.commits[0],
+            model_b_commit=result.commits[1] if cfg.model_b else None),
     }

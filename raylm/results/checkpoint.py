@@ -2,7 +2,7 @@
 
 Shards are cut on the driver from the request tables alone, so a shard's index names the same requests whatever
 the actor count; a rerun of the same command reloads finished shards and scores only the rest. A manifest
-fingerprints everything that decides a shard's requests or their scores (model, tasks, the request tables
+fingerprints everything that decides a shard's requests or their scores (model commit or weight contents, tasks, the request tables
 themselves, few-shot settings, limit, seed, shard size, code), and results of a different run are never mixed in.
 """
 
@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 
 import raylm
 from raylm.errors import RaylmError
-from raylm.scoring.models import ModelSpec, looks_local
+from raylm.results.model_identity import model_digest
+from raylm.scoring.models import ModelSpec
 from raylm.requests.shards import ScoredShard
 from raylm.results.sums import shard_sums
 from raylm.requests.shards import Shard
@@ -52,22 +53,12 @@ def source_digest() -> str:
     return digest.hexdigest()
 
 
-def model_digest(spec: ModelSpec) -> str:
-    """config.json plus each file's name, size and mtime: cheap even for many-GB weights, and a changed file shows."""
-    if not looks_local(spec.path):
-        return f"hub:{spec.path}@{spec.revision or 'default'}"
-    root = Path(spec.path).expanduser()
-    digest = hashlib.sha256()
-    for path in sorted(p for p in root.iterdir() if p.is_file()):
-        stat = path.stat()
-        digest.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-    digest.update((root / "config.json").read_bytes())
-    return digest.hexdigest()
-
-
 def fingerprint(spec: ModelSpec, tasks: tuple[str, ...], tables: dict[str, tuple[str, pa.Table]],
                 shards: list[Shard], num_fewshot: int, seed: int, limit: int | None) -> dict[str, Any]:
-    """Everything a shard's results depend on, except the actor count and batch size, which must not matter."""
+    """Everything a shard's results depend on, except the actor count and batch size, which must not matter.
+
+    `spec` must be pinned (raylm.results.model_identity.pin_revision): a hub model is then fingerprinted by its
+    commit, never by a branch name that can move."""
     return {
         "model": {**spec.as_dict(), "files": model_digest(spec)},
         "tasks": list(tasks),
