@@ -132,33 +132,71 @@ import lm_eval.tasks
 from lm_eval.tasks import TaskManager, get_task_dict
 folder, shots, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 include = os.path.join(os.path.dirname(lm_eval.tasks.__file__), "hellaswag", "hellaswag.yaml")
-with open(os.path.join(folder, "hs_fewshot_check.yaml"), "w") as f:
-    f.write(f"task: hs_fewshot_check\\ninclude: {include}\\ndataset_path: json\\ndataset_name: null\\n"
+with open(os.path.join(folder, "hs_check.yaml"), "w") as f:
+    f.write(f"task: hs_check\\ninclude: {include}\\ndataset_path: json\\ndataset_name: null\\n"
             f"dataset_kwargs:\\n  data_files:\\n    train: {folder}/train.jsonl\\n"
             f"    validation: {folder}/validation.jsonl\\n")
-task = get_task_dict(["hs_fewshot_check"], TaskManager(include_path=folder))["hs_fewshot_check"]
+task = get_task_dict(["hs_check"], TaskManager(include_path=folder))["hs_check"]
 task.set_config(key="num_fewshot", value=shots)
 task.set_fewshot_seed(seed=seed)
 task.build_all_requests(limit=None, rank=0, world_size=1)
-print(json.dumps([[i.doc_id, i.idx, list(i.arguments)] for i in task.instances]))
+docs = list(task.eval_docs)
+lls = json.loads(open(os.path.join(folder, "lls.json")).read())
+acc_norm = [[task.process_results(docs[int(d)], [(ll, False) for ll in row])["acc_norm"] for row in rows]
+            for d, rows in lls.items()]
+print(json.dumps({"requests": [[i.doc_id, i.idx, list(i.arguments)] for i in task.instances],
+                  "acc_norm": acc_norm}))
 """
+EMPTY_CHOICE_ROWS = [  # '[title]' is removed by preprocessing, leaving an empty choice
+    {"activity_label": "Cooking", "ctx_a": "A man", "ctx_b": "cuts", "endings": ["[title]", "an onion.", "a cake.", "x"],
+     "label": 0},
+    {"activity_label": "Cooking", "ctx_a": "A man", "ctx_b": "cuts", "endings": ["an onion.", "[title]", "a cake.", "x"],
+     "label": 1},
+]
+# Per empty-choice row: loglikelihoods of its four requests. The empty choice scores -inf per character (never the
+# pick even with the best raw loglikelihood), or nan for a loglikelihood of exactly 0 (np.argmax's pick).
+EMPTY_CHOICE_LLS = [[[-2.0, -16.8, -9.7, -18.5], [0.0, -1.0, -1.0, -1.0]],
+                    [[-3.0, 0.0, -1.0, -1.0], [-0.5, -0.1, -20.0, -20.0]]]
 
 
-def test_hellaswag_fewshot_prompts_equal_lm_evals_own_requests(tmp_path):
-    """lm-eval's own hellaswag task (its YAML included unchanged, data from local files) builds its 5-shot
-    requests; its training split, like the hub's, is the pool, and here it also holds 20 of the evaluated rows
-    (3 of them twice), so the dropped evaluated document is exercised too."""
+@pytest.fixture(scope="module")
+def lmeval_hellaswag(tmp_path_factory):
+    """lm-eval's own hellaswag task (its YAML included unchanged, data from local files): its 5-shot requests for
+    60 real rows plus EMPTY_CHOICE_ROWS, and its acc_norm for EMPTY_CHOICE_LLS on those two. Its training split,
+    like the hub's, is the pool, and here it also holds 20 of the evaluated rows (3 of them twice), so the
+    dropped evaluated document is exercised too."""
+    folder = tmp_path_factory.mktemp("lmeval-hellaswag")
     lines = (DATA / "hellaswag" / "validation.jsonl").read_text().splitlines(keepends=True)
-    (tmp_path / "validation.jsonl").write_text("".join(lines[:60]))
-    (tmp_path / "train.jsonl").write_text("".join(lines[100:180] + lines[:20] + lines[:3]))
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-c", LMEVAL_HELLASWAG, str(tmp_path), str(SHOTS), "1234"],
+    (folder / "validation.jsonl").write_text("".join(lines[:60] + [json.dumps(r) + "\n" for r in EMPTY_CHOICE_ROWS]))
+    (folder / "train.jsonl").write_text("".join(lines[100:180] + lines[:20] + lines[:3]))
+    (folder / "lls.json").write_text(json.dumps({60 + i: lls for i, lls in enumerate(EMPTY_CHOICE_LLS)}))
+    env = {**os.environ, "HF_HOME": str(folder / "hf"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", LMEVAL_HELLASWAG, str(folder), str(SHOTS), "1234"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    expected = sorted(json.loads(proc.stdout.strip().splitlines()[-1]), key=lambda r: (r[0], r[1]))
-    docs = [hellaswag.doc_from_row(i, r) for i, r in enumerate(read_jsonl(tmp_path / "validation.jsonl"))]
-    pool = [hellaswag.doc_from_row(i, r) for i, r in enumerate(read_jsonl(tmp_path / "train.jsonl"))]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    docs = [hellaswag.doc_from_row(i, r) for i, r in enumerate(read_jsonl(folder / "validation.jsonl"))]
+    pool = [hellaswag.doc_from_row(i, r) for i, r in enumerate(read_jsonl(folder / "train.jsonl"))]
+    return out, docs, pool
+
+
+def test_hellaswag_fewshot_prompts_equal_lm_evals_own_requests(lmeval_hellaswag):
+    out, docs, pool = lmeval_hellaswag
+    expected = sorted(out["requests"], key=lambda r: (r[0], r[1]))
     shots = with_fewshot(hellaswag.TASK, docs, pool, SHOTS, 1234)
     ours = [[d.doc_id, i, [c, k]] for d in shots for i, (c, k) in enumerate(zip(d.contexts, d.continuations))]
-    assert len(ours) == len(expected) == 240
+    assert len(ours) == len(expected) == 248
     assert ours == expected
+
+
+def test_an_empty_choice_ranks_in_acc_norm_as_in_lm_evals_process_results(lmeval_hellaswag):
+    """Dividing by the empty choice's length 0 gives -inf (never the pick) or, for a loglikelihood of exactly 0,
+    nan (np.argmax's pick): lm-eval's own process_results decides the same documents correct."""
+    out, docs, _ = lmeval_hellaswag
+    for doc, cases, expected in zip(docs[60:], EMPTY_CHOICE_LLS, out["acc_norm"]):
+        assert 0 in doc.norm_lengths
+        for lls, acc_norm in zip(cases, expected):
+            table = pa.table({"doc_id": [doc.doc_id] * 4, "req_idx": list(range(4)), "gold": [doc.gold] * 4,
+                              "norm_len": list(doc.norm_lengths), "loglikelihood": lls})
+            assert shard_sums("multiple_choice", table)["correct_norm"] == acc_norm, (doc.gold, lls)
+    assert out["acc_norm"] == [[0.0, 1.0], [1.0, 0.0]]
