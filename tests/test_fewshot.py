@@ -155,7 +155,7 @@ EMPTY_CHOICE_ROWS = [  # '[title]' is removed by preprocessing, leaving an empty
 ]
 # Per empty-choice row: loglikelihoods of its four requests. The empty choice scores -inf per character (never the
 # pick even with the best raw loglikelihood), or nan for a loglikelihood of exactly 0 (np.argmax's pick).
-EMPTY_CHOICE_LLS = [[[-2.0, -16.8, -9.7, -18.5], [0.0, -1.0, -1.0, -1.0]],
+EMPTY_CHOICE_LLS = [[[-0.5, -16.8, -9.7, -18.5], [0.0, -1.0, -1.0, -1.0]],
                     [[-3.0, 0.0, -1.0, -1.0], [-0.5, -0.1, -20.0, -20.0]]]
 
 
