@@ -44,6 +44,8 @@ def load_task_docs(cfg: EvalConfig) -> TaskDocs:
     for name in cfg.tasks:
         task = get_task(name)
         docs = task.load_docs(cfg.data_dir)
+        if not docs:
+            raise RaylmError(f"{name}: no documents to evaluate ({cfg.data_dir or 'the hub'} gave none)")
         original = len(docs)
         docs = docs[: cfg.limit] if cfg.limit else docs
         if cfg.num_fewshot and task.kind == "multiple_choice":

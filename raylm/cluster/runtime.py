@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import ray
 from ray.actor import ActorHandle
 
+from raylm.cluster.cpus import available_cpus
 from raylm.cluster.failures import remote_error
 from raylm.errors import RaylmError
 from raylm.scoring.models import ModelSpec
@@ -45,7 +46,7 @@ def connect() -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init()
         return
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+    ray.init(address="local", num_cpus=available_cpus(), include_dashboard=False,
              object_store_memory=LOCAL_OBJECT_STORE_BYTES, _system_config=LOCAL_SYSTEM_CONFIG)
 
 

@@ -32,6 +32,7 @@ from raylm.requests.encoding import resolve_max_length
 from raylm.results.atomic import write_atomic
 from raylm.results.metrics import kl_metrics, ppl_metrics
 from raylm.results.model_identity import pin_revision
+from raylm.results.ownership import RESULTS, results_kind, tagged_schema
 from raylm.results.report import run_config
 from raylm.results.sums import corpus_batch_sums, merge
 from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer, looks_local
@@ -120,6 +121,7 @@ def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
     import ray.data  # see raylm.corpus.read.read_corpus
 
     cfg.validate()
+    check_output(out_dir, cfg.kind)
     start = time.time()
     asked = cfg
     # Actors of the pool may start at different times: each must load the same commit of a hub model.
@@ -139,18 +141,28 @@ def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
                             compute=ray.data.ActorPoolStrategy(size=n), num_cpus=recipe.num_cpus,
                             num_gpus=recipe.num_gpus)
     samples = out_dir / "samples" / f"{cfg.kind}.parquet"
-    sums = _stream(scored, samples, cfg.progress)
-    if not sums:
-        raise RaylmError(f"{cfg.data}: the corpus has no documents")
+    sums = _stream(scored, samples, cfg.progress, cfg.data)
     metrics = ppl_metrics(sums) if cfg.kind == "ppl" else kl_metrics(sums)
     result = CorpusResult(asked, metrics, max_length, stride, time.time() - start,
                           [None if looks_local(m.path) else m.revision for m in (cfg.model, cfg.model_b) if m])
-    write_atomic(out_dir / "results.json", json.dumps(results_dict(result), indent=2, default=str).encode())
+    write_atomic(out_dir / RESULTS, json.dumps(results_dict(result), indent=2, default=str).encode())
     return result
 
 
-def _stream(scored: ray.data.Dataset, samples: Path, progress: bool) -> dict[str, float]:
-    """Fold per-document batches into sums while appending them to the samples file, numbering documents."""
+def check_output(out_dir: Path, kind: str) -> None:
+    """A rerun replaces its own command's results; an eval run's, or a file raylm did not write, stays."""
+    path = out_dir / RESULTS
+    if not path.exists():
+        return
+    found = results_kind(path)
+    if found != kind:
+        what = f"holds the results of `raylm {found}`" if found else "was not written by raylm"
+        raise RaylmError(f"'{path}' {what}; use another --output")
+
+
+def _stream(scored: ray.data.Dataset, samples: Path, progress: bool, source: str) -> dict[str, float]:
+    """Fold per-document batches into sums while appending them to the samples file, numbering documents. A
+    corpus with nothing to score leaves no samples file behind."""
     samples.parent.mkdir(parents=True, exist_ok=True)
     partial = samples.with_name(f".{samples.name}.partial")
     parts: list[dict[str, float]] = []
@@ -162,7 +174,7 @@ def _stream(scored: ray.data.Dataset, samples: Path, progress: bool) -> dict[str
                     continue
                 batch = batch.add_column(0, "doc", pa.array(range(docs, docs + batch.num_rows), pa.int64()))
                 docs += batch.num_rows
-                writer = writer or pq.ParquetWriter(partial, batch.schema)
+                writer = writer or pq.ParquetWriter(partial, tagged_schema(batch.schema))
                 writer.write_table(batch)
                 parts.append(corpus_batch_sums(batch))
                 if len(parts) >= COLLAPSE_PARTS:
@@ -180,8 +192,13 @@ def _stream(scored: ray.data.Dataset, samples: Path, progress: bool) -> dict[str
         raise error from e
     if writer:
         writer.close()
-        os.replace(partial, samples)
-    return merge(parts)
+    sums = merge(parts)
+    if not sums.get("tokens"):
+        partial.unlink(missing_ok=True)
+        raise RaylmError(f"{source}: the corpus has no text to score "
+                         f"({int(sums.get('docs', 0))} documents, 0 tokens)")
+    os.replace(partial, samples)
+    return sums
 
 
 def _worker_error(e: Exception) -> RemoteError | None:

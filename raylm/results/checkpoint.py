@@ -12,7 +12,6 @@ import hashlib
 import io
 import json
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,8 @@ import pyarrow.parquet as pq
 import raylm
 from raylm.errors import RaylmError
 from raylm.results.model_identity import model_digest
+from raylm.results.ownership import (CHECKPOINT_DIR, MANIFEST, RESULTS, foreign_checkpoint, remove_raylm_files,
+                                     results_kind)
 from raylm.scoring.models import ModelSpec
 from raylm.requests.shards import ScoredShard
 from raylm.results.sums import shard_sums
@@ -30,11 +31,7 @@ from raylm.results.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_DIR = "checkpoint"
-MANIFEST = "manifest.json"
-# What --overwrite removes: only files raylm itself writes.
-OWNED = (CHECKPOINT_DIR, "results.json", "samples")
-_PID_KEY = b"raylm.pid"
+_PID_KEY = b"raylm.pid"  # also what marks a shard file as raylm's (raylm.results.ownership)
 
 
 def table_digest(table: pa.Table) -> str:
@@ -81,10 +78,13 @@ class Checkpoint:
 
     @classmethod
     def open(cls, out_dir: Path, manifest: dict[str, Any], overwrite: bool) -> Checkpoint:
-        """Resume the same run, refuse a different one, or (with overwrite) discard whatever DIR held."""
+        """Resume the same run, refuse a different one, or (with overwrite) discard the results raylm left in DIR.
+        A results.json or checkpoint/ that raylm did not write is refused either way: never resumed from,
+        deleted or written over."""
         checkpoint = cls(out_dir, manifest)
+        checkpoint.refuse_foreign()
         if overwrite:
-            checkpoint.discard()
+            remove_raylm_files(out_dir)
         else:
             checkpoint.check_same_run()
         try:
@@ -101,7 +101,7 @@ class Checkpoint:
             except (OSError, ValueError) as e:
                 raise RaylmError(f"'{path}' is unreadable ({e}); pass --overwrite to discard it") from e
             differs = [key for key in self.manifest if previous.get(key) != self.manifest[key]]
-        elif (self.out_dir / "results.json").exists():
+        elif (self.out_dir / RESULTS).exists():
             differs = ["results.json without a checkpoint"]
         else:
             return
@@ -109,13 +109,13 @@ class Checkpoint:
             raise RaylmError(f"output directory '{self.out_dir}' holds results of a different run (differs in: "
                              f"{', '.join(differs)}); use another --output, or --overwrite to discard them")
 
-    def discard(self) -> None:
-        for name in OWNED:
-            path = self.out_dir / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
+    def refuse_foreign(self) -> None:
+        results = self.out_dir / RESULTS
+        if results.exists() and results_kind(results) is None:
+            raise RaylmError(f"'{results}' was not written by raylm; use another --output")
+        if foreign_checkpoint(self.out_dir):
+            raise RaylmError(f"'{self.root}' holds files raylm did not write (no raylm {MANIFEST}); use another "
+                             "--output")
 
     def shard_path(self, index: int) -> Path:
         return self.root / "shards" / f"{index:06d}.parquet"
