@@ -75,7 +75,7 @@ CASES = {
     "negative limit": ("hellaswag", {HS_FILE: [HS]}, ["--limit", "-2"], "--limit must be a positive number"),
     "negative num-fewshot": ("hellaswag", {HS_FILE: [HS]}, ["--num-fewshot", "-1"], "--num-fewshot must be 0 or more"),
     "num-fewshot larger than pool": ("winogrande", {WG_FILE: [WG], "winogrande/train_xs.jsonl": [WG, WG]},
-                                     ["--num-fewshot", "3"], "--num-fewshot 3 is larger than the few-shot pool (2"),
+                                     ["--num-fewshot", "3"], "--num-fewshot 3 needs a few-shot pool of at least 4 examples"),
     "actors 0": ("hellaswag", {HS_FILE: [HS]}, ["--actors", "0"], "--actors must be at least 1"),
     "model dir missing": ("hellaswag", {HS_FILE: [HS]}, ["--model", "{tmp}/no-such-model"],
                           "no-such-model' does not exist"),
@@ -88,7 +88,7 @@ CASES = {
                              "/out' exists and is not a directory"),
     "unwritable output dir": ("hellaswag", {HS_FILE: [HS], "blocker": b"a file"}, ["--output", "{tmp}/blocker/out"],
                               "/blocker/out' is not writable: Not a directory"),
-    "output dir from a different run": ("hellaswag", {HS_FILE: [HS], OTHER_RUN_MANIFEST: [{"limit": 9}]}, [],
+    "output dir from a different run": ("hellaswag", {HS_FILE: [HS], OTHER_RUN_MANIFEST: [{"limit": 9, "code": {"raylm": "0"}}]}, [],
                                         "holds results of a different run (differs in:"),
 }
 

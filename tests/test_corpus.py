@@ -17,6 +17,7 @@ from raylm.corpus.doc_scoring import DocPerplexity
 from raylm.errors import RaylmError
 from raylm.config import EvalConfig
 from raylm.evaluate import evaluate
+from raylm.results.ownership import is_raylm_parquet
 from raylm.scoring.models import ModelSpec
 from raylm.tasks.wikitext import load_docs as wikitext_docs
 from reference import float64_copy
@@ -165,6 +166,22 @@ def test_bad_corpus_input_is_refused_with_file_and_field(spec, tmp_path):
         run(spec, str(tmp_path / "ints.parquet"), tmp_path / "out", max_length=64, stride=80)
     with pytest.raises(RaylmError, match="exceeds the model's context length 128"):
         run(spec, str(tmp_path / "ints.parquet"), tmp_path / "out", max_length=4096)
+    pq.write_table(pa.table({"text": ["", ""]}), tmp_path / "empty.parquet")
+    with pytest.raises(RaylmError, match=r"empty\.parquet: the corpus has no text to score \(2 documents, 0 tokens\)"):
+        run(spec, str(tmp_path / "empty.parquet"), tmp_path / "out")
+    assert not (tmp_path / "out" / "results.json").exists() and not list((tmp_path / "out").rglob("*.parquet"))
+
+
+def test_ppl_never_replaces_another_commands_results(spec, parquet_run, tmp_path):
+    """An eval run's results.json, or one raylm did not write, in the output directory stays, refused before any
+    scoring."""
+    data, _, _ = parquet_run
+    eval_results = {"results": {}, "config": {"versions": {"raylm": "0.1.0"}, "tasks": ["hellaswag"]}}
+    for content, expected in ((eval_results, "holds the results of `raylm eval`"), ({"x": 1}, "was not written by raylm")):
+        (tmp_path / "results.json").write_text(json.dumps(content))
+        with pytest.raises(RaylmError, match=f"results.json' {expected}; use another --output"):
+            run(spec, data, tmp_path, text_column="body", max_length=64)
+        assert json.loads((tmp_path / "results.json").read_text()) == content
 
 
 def test_cli_ppl_on_two_actors_matches_one_and_kl_refuses_mismatched_tokenizers(parquet_run, tiny_llama,
@@ -184,6 +201,7 @@ def test_cli_ppl_on_two_actors_matches_one_and_kl_refuses_mismatched_tokenizers(
     assert results["config"]["stride"] == results["config"]["max_length"] == 64
     docs = pq.read_table(out / "samples" / "ppl.parquet")
     assert docs["nll"].to_pylist() == pytest.approx(expected_docs["nll"].to_pylist(), rel=1e-8)
+    assert is_raylm_parquet(out / "samples" / "ppl.parquet")  # what --overwrite checks before deleting it
     assert "token_perplexity" in proc.stdout
     proc = run_cli("kl", "--model", str(tiny_llama), "--model-b", str(tiny_gpt2), "--data", data,
                    "--output", str(tmp_path / "kl"), "--no-progress")

@@ -113,3 +113,17 @@ def test_non_utf8_text_names_the_line(tmp_path):
     (tmp_path / "wikitext-2" / "test.txt").write_bytes(b" = A = \n fine \n bad \xff\xfe \n")
     with pytest.raises(InputError, match=r"test.txt: row 3: not valid UTF-8"):
         wikitext.load_docs(tmp_path)
+
+
+def test_a_task_with_no_documents_is_one_line_not_a_division_by_zero(monkeypatch):
+    """A hub split can be empty (local files are refused earlier, as empty data files); metrics would divide by 0."""
+    from dataclasses import replace
+
+    import raylm.tasks
+    from raylm.config import EvalConfig
+    from raylm.errors import RaylmError
+    from raylm.evaluate import load_task_docs
+
+    monkeypatch.setitem(raylm.tasks.TASKS, "hellaswag", replace(hellaswag.TASK, load_docs=lambda data_dir: []))
+    with pytest.raises(RaylmError, match=r"^hellaswag: no documents to evaluate \(the hub gave none\)$"):
+        load_task_docs(EvalConfig(ModelSpec(str(STORIES)), ("hellaswag",)))
