@@ -46,6 +46,26 @@ def test_encoding_moves_trailing_space_and_splits_joint_encoding():
     assert context[0] == 1  # the Llama tokenizer's own BOS, kept as lm-eval 0.4.13 keeps it
 
 
+@pytest.mark.parametrize("model", ["stories", "tiny_gpt2"])
+def test_encode_many_equals_lm_evals_tok_encode_with_and_without_the_prefix_text(model, request):
+    """Both branches of Encoder.encode_many in one batch, against lm-eval's own HFLM.tok_encode: text that starts
+    with the prefix token's text is encoded without special tokens (else a Llama tokenizer would put a second BOS
+    in front), other text with the tokenizer's defaults."""
+    from lm_eval.models.huggingface import HFLM
+
+    path = STORIES if model == "stories" else request.getfixturevalue(model)
+    lm = HFLM(pretrained=str(path), device="cpu", dtype="float32", batch_size=1)
+    encoder = Encoder(lm.tokenizer, 128)
+    prefix = lm.tokenizer.decode(encoder.prefix_token)
+    texts = ["Once upon a time", prefix + "Once upon a time", " a leading space", prefix + prefix + "twice",
+             prefix + " spaced", "x" + prefix]
+    assert sum(t.startswith(prefix) for t in texts) == 3
+    assert encoder.encode_many(texts) == [lm.tok_encode(t) for t in texts]
+    if model == "stories":  # the branch matters: the tokenizer's default would add its BOS before the text's own
+        assert lm.tokenizer(prefix + "Once upon a time")["input_ids"][:2] == [encoder.prefix_token] * 2
+        assert encoder.encode_many([prefix + "Once upon a time"])[0][:2] != [encoder.prefix_token] * 2
+
+
 def test_empty_context_is_conditioned_on_prefix_token():
     encoder = Encoder(load_tokenizer(ModelSpec(str(STORIES))), 512)
     (context, continuation), = encoder.encode_pairs([("", "Once upon a time")])
