@@ -177,7 +177,8 @@ def test_ppl_never_replaces_another_commands_results(spec, parquet_run, tmp_path
     scoring."""
     data, _, _ = parquet_run
     eval_results = {"results": {}, "config": {"versions": {"raylm": "0.1.0"}, "tasks": ["hellaswag"]}}
-    for content, expected in ((eval_results, "holds the results of `raylm eval`"), ({"x": 1}, "was not written by raylm")):
+    for content, expected in ((eval_results, "holds the results of `raylm eval`"),
+                              ({"x": 1}, "was not written by raylm")):
         (tmp_path / "results.json").write_text(json.dumps(content))
         with pytest.raises(RaylmError, match=f"results.json' {expected}; use another --output"):
             run(spec, data, tmp_path, text_column="body", max_length=64)

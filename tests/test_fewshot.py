@@ -148,10 +148,10 @@ print(json.dumps({"requests": [[i.doc_id, i.idx, list(i.arguments)] for i in tas
                   "acc_norm": acc_norm}))
 """
 EMPTY_CHOICE_ROWS = [  # '[title]' is removed by preprocessing, leaving an empty choice
-    {"activity_label": "Cooking", "ctx_a": "A man", "ctx_b": "cuts", "endings": ["[title]", "an onion.", "a cake.", "x"],
-     "label": 0},
-    {"activity_label": "Cooking", "ctx_a": "A man", "ctx_b": "cuts", "endings": ["an onion.", "[title]", "a cake.", "x"],
-     "label": 1},
+    {"activity_label": "Cooking", "ctx_a": "A man", "ctx_b": "cuts",
+     "endings": ["[title]", "an onion.", "a cake.", "x"], "label": 0},
+    {"activity_label": "Cooking", "ctx_a": "A man", "ctx_b": "cuts",
+     "endings": ["an onion.", "[title]", "a cake.", "x"], "label": 1},
 ]
 # Per empty-choice row: loglikelihoods of its four requests. The empty choice scores -inf per character (never the
 # pick even with the best raw loglikelihood), or nan for a loglikelihood of exactly 0 (np.argmax's pick).

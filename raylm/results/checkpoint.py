@@ -2,8 +2,9 @@
 
 Shards are cut on the driver from the request tables alone, so a shard's index names the same requests whatever
 the actor count; a rerun of the same command reloads finished shards and scores only the rest. A manifest
-fingerprints everything that decides a shard's requests or their scores (model commit or weight contents, tasks, the request tables
-themselves, few-shot settings, limit, seed, shard size, code), and results of a different run are never mixed in.
+fingerprints everything that decides a shard's requests or their scores (model commit or weight contents, tasks,
+the request tables themselves, few-shot settings, limit, seed, shard size, code), and results of a different run
+are never mixed in.
 """
 
 from __future__ import annotations
