@@ -5,6 +5,8 @@ lm-eval: HFLM(pretrained=..., batch_size=...).loglikelihood_rolling on Instance 
 timed after the model is loaded. raylm: run_corpus on the same documents written to Parquet, on an already
 running local Ray, timed end to end (so its time includes starting the Ray Data actor and loading the model
 there). Default text: the first WikiText-2 test articles as the WikiText task feeds them to the model.
+The two agree to float rounding only for a tokenizer that adds no BOS: lm-eval also scores a BOS-adding
+tokenizer's BOS after its prefix BOS, which `raylm ppl` lets condition instead.
 
     PYTHONPATH=$PWD python bench/ppl_vs_lmeval.py [--model DIR] [--pages 12] [--batch-size 16] [--actors 1]
 """

@@ -123,7 +123,8 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--docs-per-batch", type=int, default=DEFAULT_DOCS_PER_BATCH)
         p.add_argument("--dtype", default="auto", choices=list(DTYPES))
         p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-        p.add_argument("--output", type=Path, default=Path("raylm-out"), help="directory for results.json")
+        p.add_argument("--output", type=Path, default=Path("raylm-out") / p.prog.split()[-1],
+                       help="directory for results.json (default: raylm-out/ppl or raylm-out/kl)")
         p.add_argument("--no-progress", action="store_true")
         p.set_defaults(run=run_corpus_command)
     add_scorer_options(ppl)

@@ -21,9 +21,11 @@ from raylm.requests.shards import ScoredShard, Shard, make_shards
 from raylm.requests.table import build_requests
 from raylm.results.checkpoint import Checkpoint, fingerprint
 from raylm.results.metrics import choice_metrics, rolling_metrics
+from raylm.results.model_identity import pin_revision
 from raylm.results.report import EvalResult, TaskResult, prefix_sharing, run_summary
 from raylm.results.sums import merge
-from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer, resolve_scorer
+from raylm.scoring.models import (ModelSpec, check_model_path, load_config, load_tokenizer, looks_local,
+                                  resolve_scorer)
 from raylm.tasks import ChoiceDoc, get_task
 from raylm.tasks.base import with_fewshot
 
@@ -44,6 +46,8 @@ def load_task_docs(cfg: EvalConfig) -> TaskDocs:
     for name in cfg.tasks:
         task = get_task(name)
         docs = task.load_docs(cfg.data_dir)
+        if not docs:
+            raise RaylmError(f"{name}: no documents to evaluate ({cfg.data_dir or 'the hub'} gave none)")
         original = len(docs)
         docs = docs[: cfg.limit] if cfg.limit else docs
         if cfg.num_fewshot and task.kind == "multiple_choice":
@@ -111,6 +115,9 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
     cfg.validate()
     check_model_path(cfg.model)
     start = time.time()
+    asked = cfg
+    # One commit for the driver's tokenizer, every actor (replacements too) and the checkpoint's fingerprint.
+    cfg = replace(cfg, model=pin_revision(cfg.model))
     docs = load_task_docs(cfg)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="raylm-tokenise") as tokenising:
         # Tokenising on a thread while Ray starts and the actors load their models: on a small machine these
@@ -159,9 +166,10 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
              "shards": len(shards), "max_length": encoder.max_length,
              "prefix_sharing": prefix_sharing(scored[s.index].prefix_sharing for s in shards),
              "requests_scored": sum(s.table.num_rows for s in todo), "shards_retried": report.retried,
-             "shards_resumed": resumed, "actors_replaced": report.replaced, "ray_gcs_address": gcs_address()}
+             "shards_resumed": resumed, "actors_replaced": report.replaced, "ray_gcs_address": gcs_address(),
+             "model_commit": None if looks_local(cfg.model.path) else cfg.model.revision}
     log.info("%s", run_summary(extra, wall))
-    return EvalResult(cfg, results, wall, extra)
+    return EvalResult(asked, results, wall, extra)
 
 
 def _launch(cfg: EvalConfig) -> LaunchedActors:

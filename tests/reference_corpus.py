@@ -6,15 +6,31 @@ import torch
 import torch.nn.functional as F
 
 
-@torch.inference_mode()
-def reference_strided_nll(model64: torch.nn.Module, tokens: list[int], prefix_token: int, max_length: int,
-                          stride: int) -> tuple[float, int]:
-    """The HF strided-perplexity recipe: each window's already-scored tokens are labelled -100, the loss summed.
+def reference_sequence(tokenizer, text: str) -> list[int]:
+    """What the HF recipe feeds the model for one text: `tokenizer(text)`, whose added BOS only conditions. A
+    tokenizer that adds nothing in front gets BOS (else EOS) prepended, so that every text token is predicted.
 
-    Windows are max_length model inputs over [prefix] + tokens; the first scores everything it covers, each later
-    one the `stride` tokens after the previous window. Returns (NLL, tokens scored).
+    Found by comparing the encodings with and without special tokens, not by looking for a BOS id, so it does not
+    share raylm's rule."""
+    with_special = list(tokenizer(text)["input_ids"])
+    plain = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if len(with_special) == len(plain) + 1 and with_special[1:] == plain:
+        return with_special
+    assert with_special == plain, "a tokenizer that adds tokens after the text is not covered here"
+    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    return [start, *plain]
+
+
+@torch.inference_mode()
+def reference_strided_nll(model64: torch.nn.Module, tokenizer, text: str, max_length: int,
+                          stride: int) -> tuple[float, int]:
+    """The HF strided-perplexity recipe on one text: each window's already-scored tokens are labelled -100, the
+    loss summed.
+
+    Windows are max_length model inputs over reference_sequence(text); the first scores everything it covers,
+    each later one the `stride` tokens after the previous window. Returns (NLL, tokens scored).
     """
-    sequence = [prefix_token, *tokens]
+    sequence = reference_sequence(tokenizer, text)
     nll, scored, prev_end = 0.0, 0, 1
     while prev_end < len(sequence):
         end = min(len(sequence), max_length + 1 if prev_end == 1 else prev_end + stride)

@@ -16,6 +16,7 @@ HS = {"activity_label": "A", "ctx_a": "b", "ctx_b": "c", "endings": ["x", "y"], 
 WG = {"sentence": "a _ b", "option1": "x", "option2": "y", "answer": "1"}
 HS_FILE, WG_FILE, WT_FILE = "hellaswag/validation.jsonl", "winogrande/dev.jsonl", "wikitext-2/test.txt"
 OTHER_RUN_MANIFEST = f"out/{CHECKPOINT_DIR}/{MANIFEST}"
+OTHER_RUN = {"limit": 9, "code": {"raylm": "0.1.0"}}  # a raylm manifest (it names raylm's version) of another run
 
 # Data errors stop a run before Ray is touched; model, tokenizer and checkpoint errors surface once the driver has
 # tokenised, by which time evaluate() has connected to Ray (it starts actors while tokenising). In-process, that
@@ -75,7 +76,8 @@ CASES = {
     "negative limit": ("hellaswag", {HS_FILE: [HS]}, ["--limit", "-2"], "--limit must be a positive number"),
     "negative num-fewshot": ("hellaswag", {HS_FILE: [HS]}, ["--num-fewshot", "-1"], "--num-fewshot must be 0 or more"),
     "num-fewshot larger than pool": ("winogrande", {WG_FILE: [WG], "winogrande/train_xs.jsonl": [WG, WG]},
-                                     ["--num-fewshot", "3"], "--num-fewshot 3 is larger than the few-shot pool (2"),
+                                     ["--num-fewshot", "3"],
+                                     "--num-fewshot 3 needs a few-shot pool of at least 4 examples"),
     "actors 0": ("hellaswag", {HS_FILE: [HS]}, ["--actors", "0"], "--actors must be at least 1"),
     "model dir missing": ("hellaswag", {HS_FILE: [HS]}, ["--model", "{tmp}/no-such-model"],
                           "no-such-model' does not exist"),
@@ -88,7 +90,7 @@ CASES = {
                              "/out' exists and is not a directory"),
     "unwritable output dir": ("hellaswag", {HS_FILE: [HS], "blocker": b"a file"}, ["--output", "{tmp}/blocker/out"],
                               "/blocker/out' is not writable: Not a directory"),
-    "output dir from a different run": ("hellaswag", {HS_FILE: [HS], OTHER_RUN_MANIFEST: [{"limit": 9}]}, [],
+    "output dir from a different run": ("hellaswag", {HS_FILE: [HS], OTHER_RUN_MANIFEST: [OTHER_RUN]}, [],
                                         "holds results of a different run (differs in:"),
 }
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from raylm.results.checkpoint import CHECKPOINT_DIR, MANIFEST, Checkpoint
+from raylm.results.ownership import tagged
 from raylm.errors import RaylmError
 from raylm.requests.shards import ScoredShard
 from raylm.results.sums import shard_sums
@@ -16,7 +18,8 @@ from raylm.requests.shards import Shard
 REQUESTS = pa.table({"doc_id": [0, 0, 1, 1], "req_idx": [0, 1, 0, 1], "gold": [1, 1, 0, 0], "norm_len": [3, 4, 5, 6]})
 SHARDS = [Shard("hellaswag", "multiple_choice", 0, REQUESTS.slice(0, 2)),
           Shard("hellaswag", "multiple_choice", 1, REQUESTS.slice(2, 2))]
-MANIFEST_A = {"limit": 2, "data": {"hellaswag": "abc"}}
+MANIFEST_A = {"limit": 2, "data": {"hellaswag": "abc"}, "code": {"raylm": "0.1.0"}}
+RAYLM_RESULTS = {"results": {}, "config": {"versions": {"raylm": "0.1.0"}}}
 
 
 def scored(shard: Shard) -> ScoredShard:
@@ -48,16 +51,39 @@ def test_different_run_is_refused_and_overwrite_discards_only_raylm_files(tmp_pa
         Checkpoint.open(tmp_path, MANIFEST_A, overwrite=False).save(SHARDS[0], scored(SHARDS[0]))
         expected = "differs in: limit"
     else:
-        (tmp_path / "results.json").write_text("{}")
+        (tmp_path / "results.json").write_text(json.dumps(RAYLM_RESULTS))
         expected = "differs in: results.json without a checkpoint"
     (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "samples").mkdir()
+    pq.write_table(tagged(REQUESTS), tmp_path / "samples" / "hellaswag.parquet")
     other = {**MANIFEST_A, "limit": 3}
     with pytest.raises(RaylmError, match=f"holds results of a different run \\({expected}\\)"):
         Checkpoint.open(tmp_path, other, overwrite=False)
     checkpoint = Checkpoint.open(tmp_path, other, overwrite=True)
     assert checkpoint.load(SHARDS) == {} and not (tmp_path / "results.json").exists()
     assert json.loads((tmp_path / CHECKPOINT_DIR / MANIFEST).read_text()) == other
-    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "notes.txt").read_text() == "mine" and not (tmp_path / "samples").exists()
+
+
+def test_overwrite_deletes_nothing_raylm_did_not_write(tmp_path):
+    """A training run's checkpoint/, someone's results.json, a Parquet file of one's own among raylm's samples."""
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "step-100.pt").write_bytes(b"weights")
+    (tmp_path / "samples").mkdir()
+    pq.write_table(REQUESTS, tmp_path / "samples" / "mine.parquet")
+    pq.write_table(tagged(REQUESTS), tmp_path / "samples" / "hellaswag.parquet")
+    for overwrite in (False, True):
+        with pytest.raises(RaylmError, match="checkpoint' holds files raylm did not write"):
+            Checkpoint.open(tmp_path, MANIFEST_A, overwrite=overwrite)
+    assert (tmp_path / "checkpoint" / "step-100.pt").read_bytes() == b"weights"
+    (tmp_path / "checkpoint" / "step-100.pt").unlink()
+    (tmp_path / "results.json").write_text('{"accuracy": 0.9}')
+    with pytest.raises(RaylmError, match="results.json' was not written by raylm"):
+        Checkpoint.open(tmp_path, MANIFEST_A, overwrite=True)
+    assert (tmp_path / "results.json").read_text() == '{"accuracy": 0.9}'
+    (tmp_path / "results.json").unlink()
+    Checkpoint.open(tmp_path, MANIFEST_A, overwrite=True)
+    assert sorted(p.name for p in (tmp_path / "samples").iterdir()) == ["mine.parquet"]
 
 
 def test_unwritable_checkpoint_is_a_one_line_error(tmp_path):

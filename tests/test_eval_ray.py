@@ -7,16 +7,16 @@ import os
 import subprocess
 import sys
 
-import pyarrow as pa
 import pytest
 import ray
 
 from conftest import DATA
 from raylm.config import EvalConfig
-from raylm.evaluate import evaluate
+from raylm.evaluate import build_task_requests, evaluate
+from raylm.requests.encoding import Encoder, resolve_max_length
 from raylm.results.metrics import choice_metrics, rolling_metrics
 from raylm.results.report import results_dict
-from raylm.scoring.models import ModelSpec
+from raylm.scoring.models import ModelSpec, load_config, load_tokenizer
 from raylm.cluster.runtime import start_actors
 from raylm.results.sums import merge, shard_sums
 from raylm.tasks import get_task
@@ -75,13 +75,20 @@ def test_merged_shard_sums_equal_metrics_from_all_requests(runs):
                 assert math.isclose(value, task.metrics[key], rel_tol=1e-12)
 
 
-def test_every_request_counted_once(runs):
+def test_every_request_counted_once(runs, tiny_llama):
+    """Exactly the requests the driver built (the same (doc_id, req_idx) keys, each once) came back scored, and
+    every task counts its 24 documents, the rolling one too."""
     result, _ = runs[2]
-    for task in result.tasks.values():
+    spec = ModelSpec(str(tiny_llama), dtype="float32", device="cpu")
+    tokenizer = load_tokenizer(spec)
+    tables, _ = build_task_requests(result.config, Encoder(tokenizer, resolve_max_length(load_config(spec), tokenizer)))
+    for name, task in result.tasks.items():
         keys = list(zip(task.scored["doc_id"].to_pylist(), task.scored["req_idx"].to_pylist()))
+        requests = tables[name][1]
+        assert sorted(keys) == sorted(zip(requests["doc_id"].to_pylist(), requests["req_idx"].to_pylist())), name
         assert len(keys) == len(set(keys))
-        assert int(task.sums["docs"]) == len(set(task.scored["doc_id"].to_pylist())) == 24 or task.kind == "rolling"
-    assert isinstance(result.tasks["hellaswag"].scored, pa.Table)
+        assert int(task.sums["docs"]) == len({doc for doc, _ in keys}) == 24, name
+    assert result.tasks["wikitext"].scored.num_rows > 24  # pages span several windows: more requests than documents
 
 
 def test_actors_launched_alongside_tokenising_are_released_when_tokenising_fails(ray_session, tiny_llama,
@@ -128,7 +135,7 @@ def test_bad_data_fails_before_any_actor_is_launched(ray_session, tiny_llama, tm
 
 ACTOR_NICENESS = """
 import os, sys, psutil, ray
-from raylm.scoring.models import ModelSpec
+from raylm.scoring.models import ModelSpec, load_config, load_tokenizer
 from raylm.cluster.runtime import connect, plan_actors
 connect()
 recipe, _ = plan_actors(ModelSpec(sys.argv[1], "float32", "cpu"), 1, None, num_cpus=1)

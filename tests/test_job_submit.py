@@ -1,8 +1,9 @@
-"""CLUSTER TEST (~60 s): a real `ray start --head` on loopback, then `ray job submit --working-dir` running
-`raylm eval --demo` on it, as a user would on a cluster.
+"""CLUSTER TESTS (~60 s each): a real `ray start --head` on loopback (and, for the second, a second node from
+`ray start --address`), then `ray job submit --working-dir` running `raylm eval --demo` on it, as a user would on a
+cluster.
 
-It checks the job succeeds, its results.json matches scoring in-process, and the driver attached to
-that cluster (RAY_ADDRESS, set by the job server) rather than starting its own. The head runs in its own
+They check the job succeeds, its results.json matches scoring in-process, and the driver attached to
+that cluster (RAY_ADDRESS, set by the job server) rather than starting its own. Each node runs in its own
 process group, which is killed afterwards; `ray stop` is never used, since it would stop every Ray on the
 machine. Deselect with `-m "not cluster"`.
 """
@@ -20,7 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,9 @@ from raylm.scoring.scorer import Scorer
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[1]
-PORT_FLAGS = ("port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-              "metrics-export-port", "node-manager-port", "object-manager-port", "ray-client-server-port",
-              "runtime-env-agent-port")
+NODE_PORT_FLAGS = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
+                   "node-manager-port", "object-manager-port", "runtime-env-agent-port")
+PORT_FLAGS = ("port", "dashboard-port", "ray-client-server-port", *NODE_PORT_FLAGS)
 STARTUP_S = 90
 SHUTDOWN_S = 10
 RAY = str(Path(sys.executable).parent / "ray")  # the CLI installed beside this Python, whatever PATH says
@@ -56,39 +57,85 @@ def cluster_env() -> dict[str, str]:
     return env
 
 
-@contextlib.contextmanager
-def ray_head(temp_dir: Path) -> Iterator[tuple[str, int]]:
-    """A head node on its own ports (so it cannot collide with other Rays here) and in its own process group.
-
-    The job server lives in the dashboard process, so the dashboard is included.
-    """
-    ports = {flag: free_port() for flag in PORT_FLAGS}
-    command = [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--num-cpus", "2",
-               "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--temp-dir", str(temp_dir),
-               "--object-store-memory", str(128 * 1024**2), "--disable-usage-stats",
+def ray_node(args: list[str], temp_dir: Path, ports: dict[str, int], ready: Callable[[], bool]
+             ) -> contextlib.AbstractContextManager[None]:
+    """`ray start --block ARGS` on its own ports and in its own process group, once ready() says it is up."""
+    command = [RAY, "start", "--block", "--node-ip-address", "127.0.0.1", "--temp-dir", str(temp_dir),
+               "--object-store-memory", str(128 * 1024**2), "--disable-usage-stats", *args,
                *(arg for flag, port in ports.items() for arg in (f"--{flag}", str(port)))]
-    log = open(temp_dir / "ray-start.log", "w")
-    head = subprocess.Popen(command, env=cluster_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    address = f"http://127.0.0.1:{ports['dashboard-port']}"
+    return _running(command, temp_dir / "ray-start.log", ready)
+
+
+@contextlib.contextmanager
+def _running(command: list[str], log_path: Path, ready: Callable[[], bool]) -> Iterator[None]:
+    log = open(log_path, "w")
+    node = subprocess.Popen(command, env=cluster_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + STARTUP_S
-        while True:
-            try:
-                urllib.request.urlopen(f"{address}/api/version", timeout=2).read()
-                break
-            except OSError:
-                if head.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"ray start failed:\n{(temp_dir / 'ray-start.log').read_text()[-3000:]}")
-                time.sleep(0.5)
-        yield address, ports["port"]
+        while not ready():
+            if node.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ray start failed:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield
     finally:
-        os.killpg(head.pid, signal.SIGTERM)
+        os.killpg(node.pid, signal.SIGTERM)
         try:
-            head.wait(SHUTDOWN_S)
+            node.wait(SHUTDOWN_S)
         except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
+            os.killpg(node.pid, signal.SIGKILL)
+            node.wait()
         log.close()
+
+
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2).read()
+    except OSError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def ray_head(temp_dir: Path, num_cpus: int = 2) -> Iterator[tuple[str, int]]:
+    """A head node on its own ports (so it cannot collide with other Rays here). The job server lives in the
+    dashboard process, so the dashboard is included."""
+    ports = {flag: free_port() for flag in PORT_FLAGS}
+    address = f"http://127.0.0.1:{ports['dashboard-port']}"
+    args = ["--head", "--num-cpus", str(num_cpus), "--include-dashboard", "true", "--dashboard-host", "127.0.0.1"]
+    with ray_node(args, temp_dir, ports, lambda: _answers(f"{address}/api/version")):
+        yield address, ports["port"]
+
+
+def alive_nodes(address: str) -> int:
+    try:
+        with urllib.request.urlopen(f"{address}/api/v0/nodes", timeout=5) as response:
+            nodes = json.loads(response.read())["data"]["result"]["result"]
+    except (OSError, ValueError, KeyError):
+        return 0
+    return sum(node["state"] == "ALIVE" for node in nodes)
+
+
+def short_temp_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="rl", dir="/tmp"))  # Ray's socket paths must stay short
+
+
+def submit_demo(address: str, tmp_path: Path) -> dict:
+    """`ray job submit --working-dir` of `raylm eval --demo --limit 5`; its results.json."""
+    working_dir = tmp_path / "job"
+    shutil.copytree(REPO / "raylm", working_dir / "raylm", ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [RAY, "job", "submit", "--address", address, "--working-dir", str(working_dir), "--",
+         sys.executable, "-m", "raylm", "eval", "--demo", "--limit", "5", "--output", str(out), "--no-progress"],
+        env=cluster_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0 and "succeeded" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    return json.loads((out / "results.json").read_text())
+
+
+def assert_equals_local_run(results: dict) -> None:
+    assert results["n-samples"]["hellaswag"] == {"original": 300, "effective": 5}
+    for name in ("hellaswag", "winogrande"):
+        assert results["sums"][name] == sums_in_process(name, limit=5)
 
 
 def raylets_under(temp_dir: Path) -> int:
@@ -101,26 +148,35 @@ def raylets_under(temp_dir: Path) -> int:
 
 
 def test_ray_job_submit_attaches_and_writes_results(tmp_path):
-    temp_dir = Path(tempfile.mkdtemp(prefix="rl", dir="/tmp"))  # Ray's socket paths must stay short
-    working_dir = tmp_path / "job"
-    shutil.copytree(REPO / "raylm", working_dir / "raylm", ignore=shutil.ignore_patterns("__pycache__"))
-    out = tmp_path / "out"
+    temp_dir = short_temp_dir()
     try:
         with ray_head(temp_dir) as (address, gcs_port):
-            proc = subprocess.run(
-                [RAY, "job", "submit", "--address", address, "--working-dir", str(working_dir), "--",
-                 sys.executable, "-m", "raylm", "eval", "--demo", "--limit", "5", "--output", str(out),
-                 "--no-progress"],
-                env=cluster_env(), capture_output=True, text=True, timeout=240)
-            assert proc.returncode == 0 and "succeeded" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+            results = submit_demo(address, tmp_path)
             assert raylets_under(temp_dir) == 1
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
-    results = json.loads((out / "results.json").read_text())
     assert results["config"]["ray_gcs_address"].endswith(f":{gcs_port}")
-    assert results["n-samples"]["hellaswag"] == {"original": 300, "effective": 5}
-    for name in ("hellaswag", "winogrande"):
-        assert results["sums"][name] == sums_in_process(name, limit=5)
+    assert_equals_local_run(results)
+
+
+def test_ray_job_submit_on_two_one_cpu_nodes(tmp_path):
+    """A head and a second node of one CPU each: the actor must ask for what one node has, not for the cluster's
+    two CPUs (it waited for ever). The second node has its own --temp-dir, as a second machine would: nodes that
+    share one session directory on one machine each unpack the job's working_dir into it, and the second unpack
+    deletes the running driver's working directory (it then died in torch's import, `Intel oneMKL FATAL ERROR:
+    Cannot load .../libtorch_cpu.so`, as getcwd() failed)."""
+    head_dir, node_dir = short_temp_dir(), short_temp_dir()
+    try:
+        with ray_head(head_dir, num_cpus=1) as (address, gcs_port):
+            node_ports = {flag: free_port() for flag in NODE_PORT_FLAGS}
+            with ray_node(["--address", f"127.0.0.1:{gcs_port}", "--num-cpus", "1"], node_dir, node_ports,
+                          lambda: alive_nodes(address) == 2):
+                results = submit_demo(address, tmp_path)
+                assert raylets_under(head_dir) == raylets_under(node_dir) == 1
+    finally:
+        shutil.rmtree(head_dir, ignore_errors=True)
+        shutil.rmtree(node_dir, ignore_errors=True)
+    assert_equals_local_run(results)
 
 
 def sums_in_process(task: str, limit: int) -> dict[str, float]:

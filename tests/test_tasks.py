@@ -10,10 +10,9 @@ import pytest
 from conftest import DATA, GOLDEN, STORIES
 from raylm.requests.encoding import Encoder
 from raylm.requests.windows import strided_windows
-from raylm.errors import InputError, RaylmError
+from raylm.errors import InputError
 from raylm.scoring.models import ModelSpec, load_tokenizer
-from raylm.tasks import get_task, hellaswag, wikitext, winogrande
-from raylm.tasks.base import with_fewshot
+from raylm.tasks import get_task, hellaswag, wikitext
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +46,26 @@ def test_encoding_moves_trailing_space_and_splits_joint_encoding():
     assert context[0] == 1  # the Llama tokenizer's own BOS, kept as lm-eval 0.4.13 keeps it
 
 
+@pytest.mark.parametrize("model", ["stories", "tiny_gpt2"])
+def test_encode_many_equals_lm_evals_tok_encode_with_and_without_the_prefix_text(model, request):
+    """Both branches of Encoder.encode_many in one batch, against lm-eval's own HFLM.tok_encode: text that starts
+    with the prefix token's text is encoded without special tokens (else a Llama tokenizer would put a second BOS
+    in front), other text with the tokenizer's defaults."""
+    from lm_eval.models.huggingface import HFLM
+
+    path = STORIES if model == "stories" else request.getfixturevalue(model)
+    lm = HFLM(pretrained=str(path), device="cpu", dtype="float32", batch_size=1)
+    encoder = Encoder(lm.tokenizer, 128)
+    prefix = lm.tokenizer.decode(encoder.prefix_token)
+    texts = ["Once upon a time", prefix + "Once upon a time", " a leading space", prefix + prefix + "twice",
+             prefix + " spaced", "x" + prefix]
+    assert sum(t.startswith(prefix) for t in texts) == 3
+    assert encoder.encode_many(texts) == [lm.tok_encode(t) for t in texts]
+    if model == "stories":  # the branch matters: the tokenizer's default would add its BOS before the text's own
+        assert lm.tokenizer(prefix + "Once upon a time")["input_ids"][:2] == [encoder.prefix_token] * 2
+        assert encoder.encode_many([prefix + "Once upon a time"])[0][:2] != [encoder.prefix_token] * 2
+
+
 def test_empty_context_is_conditioned_on_prefix_token():
     encoder = Encoder(load_tokenizer(ModelSpec(str(STORIES))), 512)
     (context, continuation), = encoder.encode_pairs([("", "Once upon a time")])
@@ -68,20 +87,6 @@ def test_rolling_windows_score_every_token_once_within_max_length(max_length):
         # Every window but the first conditions on the tokens right before it.
         for (context, continuation), (_, previous) in zip(windows[1:], windows):
             assert context[-1] == previous[-1]
-
-
-def test_fewshot_prefix_is_seeded_and_joined_like_lm_eval():
-    docs = winogrande.load_docs(DATA)[:3]
-    pool = winogrande.load_fewshot_pool(DATA)
-    shots = with_fewshot(winogrande.TASK, docs, pool, 2, seed=1234)
-    rnd = random.Random(1234)
-    for doc, shot in zip(docs, shots):
-        examples = rnd.sample(pool, 2)
-        prefix = "".join(e.contexts[e.gold] + e.continuations[e.gold] + "\n\n" for e in examples)
-        assert shot.contexts == tuple(prefix + c for c in doc.contexts)
-    assert with_fewshot(winogrande.TASK, docs, pool, 2, seed=1234) == shots
-    with pytest.raises(RaylmError, match="larger than the few-shot pool"):
-        with_fewshot(winogrande.TASK, docs, pool[:1], 2, seed=1)
 
 
 def write_rows(path, rows):
@@ -128,3 +133,17 @@ def test_non_utf8_text_names_the_line(tmp_path):
     (tmp_path / "wikitext-2" / "test.txt").write_bytes(b" = A = \n fine \n bad \xff\xfe \n")
     with pytest.raises(InputError, match=r"test.txt: row 3: not valid UTF-8"):
         wikitext.load_docs(tmp_path)
+
+
+def test_a_task_with_no_documents_is_one_line_not_a_division_by_zero(monkeypatch):
+    """A hub split can be empty (local files are refused earlier, as empty data files); metrics would divide by 0."""
+    from dataclasses import replace
+
+    import raylm.tasks
+    from raylm.config import EvalConfig
+    from raylm.errors import RaylmError
+    from raylm.evaluate import load_task_docs
+
+    monkeypatch.setitem(raylm.tasks.TASKS, "hellaswag", replace(hellaswag.TASK, load_docs=lambda data_dir: []))
+    with pytest.raises(RaylmError, match=r"^hellaswag: no documents to evaluate \(the hub gave none\)$"):
+        load_task_docs(EvalConfig(ModelSpec(str(STORIES)), ("hellaswag",)))

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
+import time
 from dataclasses import dataclass
 
 import ray
 from ray.actor import ActorHandle
 
+from raylm.cluster.cpus import available_cpus
 from raylm.cluster.failures import remote_error
 from raylm.errors import RaylmError
 from raylm.scoring.models import ModelSpec
@@ -17,6 +20,11 @@ log = logging.getLogger(__name__)
 
 LOCAL_OBJECT_STORE_BYTES = 512 * 1024**2
 GPU_ACTOR_CPUS = 0.5
+CPU_UNITS = 10_000  # Ray counts resources in units of 1/10,000
+# Actors that no node of the cluster could hold are waited for this long (an autoscaler may add a node), then the
+# run stops naming them; actors that fit but wait for room other jobs hold are waited for as long as it takes.
+PLACEMENT_WAIT_S = 600.0
+READY_POLL_S = 5.0
 # Ray starts worker processes at niceness +15 so that its own processes stay responsive. On the local Ray a
 # scoring actor is the job, not a bystander: at +15 every runnable process at the driver's niceness (the driver
 # tokenising, Ray's daemons) preempts its threads, and each preemption stalls the other OpenMP threads at their
@@ -38,7 +46,7 @@ def connect() -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init()
         return
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+    ray.init(address="local", num_cpus=available_cpus(), include_dashboard=False,
              object_store_memory=LOCAL_OBJECT_STORE_BYTES, _system_config=LOCAL_SYSTEM_CONFIG)
 
 
@@ -61,10 +69,40 @@ def wants_gpu(spec: ModelSpec, num_gpus: float | None) -> bool:
     return spec.device.startswith("cuda") or (spec.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
 
 
+def node_resources() -> list[dict[str, float]]:
+    """Each live node's total resources: what actors have to fit into, one node each."""
+    return [node["Resources"] for node in ray.nodes() if node["Alive"]]
+
+
+def fitted_share(node_cpus: list[float], actors: int, reserve: float = 0.0) -> float:
+    """The largest equal CPU share with which `actors` actors all fit on these nodes at once, `reserve` CPUs
+    kept free on the largest node; in Ray's 1e-4 CPU units, so that n shares never add up to more than a node.
+
+    The best share divides some node's CPUs evenly between the actors it holds, so only those values are tried.
+    """
+    units = sorted((round(c * CPU_UNITS) for c in node_cpus if c > 0), reverse=True)
+    if units:
+        units[0] = max(0, units[0] - round(reserve * CPU_UNITS))
+    for share in sorted({u // k for u in units for k in range(1, actors + 1)}, reverse=True):
+        if share > 0 and sum(u // share for u in units) >= actors:
+            return share / CPU_UNITS
+    return 1 / CPU_UNITS
+
+
 def cpu_share(actors: int, reserve: float = 0.0) -> float:
-    """The CPUs each of `actors` CPU actors gets when they split the cluster's CPUs, less `reserve` for other
-    work; two actors on a two-core laptop get one core each instead of fighting over both."""
-    return max(0.01, (ray.cluster_resources().get("CPU", 1) - reserve) / actors)
+    """The CPUs each of `actors` CPU actors gets on this cluster (fitted_share): two actors on a two-core laptop
+    get one core each instead of fighting over both, and one actor on two one-CPU nodes asks for one CPU, not
+    for the two that no node has."""
+    return fitted_share([r.get("CPU", 0.0) for r in node_resources()], actors, reserve)
+
+
+def actors_that_fit(nodes: list[dict[str, float]], num_cpus: float, num_gpus: float) -> int:
+    """How many actors asking for num_cpus and num_gpus the nodes could hold at once, each on one node."""
+    def per_node(have: float, need: float) -> float:
+        return math.floor(have / need + 1e-9) if need > 0 else math.inf
+
+    total = sum(min(per_node(r.get("CPU", 0.0), num_cpus), per_node(r.get("GPU", 0.0), num_gpus)) for r in nodes)
+    return int(min(total, 1_000_000))
 
 
 @dataclass(frozen=True)
@@ -93,16 +131,17 @@ def plan_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus
                 num_cpus: float | None = None, reserve_cpus: float = 0.0) -> tuple[ActorRecipe, int]:
     """The per-actor recipe and actor count (default: one per GPU when scoring on GPUs, else one).
 
-    CPU actors split the cluster's CPUs between them, less `reserve_cpus` left to other work (Ray Data's read
-    tasks), and run as many torch threads as their share of the cores. GPU actors reserve only a fraction of a CPU
-    so that a node with few CPUs per GPU cannot deadlock. `num_cpus` overrides both, so that actors for different
+    CPU actors split the cluster's CPUs between them in shares that fit on its nodes (cpu_share), less
+    `reserve_cpus` left to other work (Ray Data's read tasks), and run as many torch threads as their share of the
+    cores. The default GPU actor count is how many fit on the nodes' GPUs. GPU actors reserve only a fraction of a
+    CPU so that a node with few CPUs per GPU cannot deadlock. `num_cpus` overrides both, so that actors for different
     models (a sweep) can share a machine instead of each claiming all of it.
     """
     gpu = wants_gpu(spec, num_gpus)
     if num_gpus is None:
         num_gpus = 1.0 if gpu else 0.0
     if n is None:
-        n = max(1, int(ray.cluster_resources().get("GPU", 0) / num_gpus)) if gpu else 1
+        n = max(1, actors_that_fit(node_resources(), 0.0, num_gpus)) if gpu else 1
     if n < 1:
         raise RaylmError(f"--actors must be at least 1, got {n}")
     if gpu:
@@ -121,16 +160,44 @@ class LaunchedActors:
         self.recipe = recipe
         self.actors = [recipe.start() for _ in range(n)]
 
-    def wait_ready(self) -> list[ActorHandle]:
+    def wait_ready(self, placement_wait_s: float = PLACEMENT_WAIT_S) -> list[ActorHandle]:
         """The actors, once every one has loaded its model. The list is this object's own: the scheduler swaps dead
-        actors in it for their replacements, so that release() stops whichever are alive at the end."""
-        try:
-            ray.get([a.ready.remote() for a in self.actors])
-        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
-            raise remote_error("a scoring actor failed to start", e) from e
+        actors in it for their replacements, so that release() stops whichever are alive at the end.
+
+        Loading may take as long as it takes (a download, a big checkpoint); what would otherwise hang for ever is
+        an actor no node can hold, so that stops the run once it has lasted placement_wait_s.
+        """
+        pending = [a.ready.remote() for a in self.actors]
+        unplaceable_since: float | None = None
+        while pending:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=READY_POLL_S)
+            try:
+                ray.get(done)
+            except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
+                raise remote_error("a scoring actor failed to start", e) from e
+            if not pending:
+                break
+            nodes = node_resources()
+            if actors_that_fit(nodes, self.recipe.num_cpus, self.recipe.num_gpus) >= len(self.actors):
+                unplaceable_since = None
+                continue
+            now = time.monotonic()
+            if unplaceable_since is None:
+                unplaceable_since = now
+                log.warning("%s; waiting up to %.0f s for a node with room", self._unplaceable(len(pending), nodes),
+                            placement_wait_s)
+            if now - unplaceable_since >= placement_wait_s:
+                raise RaylmError(f"{self._unplaceable(len(pending), nodes)}; waited {placement_wait_s:.0f} s "
+                                 "(use fewer --actors or --num-gpus, or a cluster with bigger nodes)")
         log.info("%d scoring actor(s) ready (%s CPU, %s GPU each)", len(self.actors), self.recipe.num_cpus,
                  self.recipe.num_gpus)
         return self.actors
+
+    def _unplaceable(self, pending: int, nodes: list[dict[str, float]]) -> str:
+        fit = actors_that_fit(nodes, self.recipe.num_cpus, self.recipe.num_gpus)
+        sizes = ", ".join(f"{r.get('CPU', 0):g} CPU/{r.get('GPU', 0):g} GPU" for r in nodes) or "none"
+        return (f"cannot place {pending} of {len(self.actors)} scoring actor(s) asking for {self.recipe.num_cpus:g} "
+                f"CPU and {self.recipe.num_gpus:g} GPU each: the cluster's nodes ({sizes}) hold {fit} at once")
 
     def release(self) -> None:
         kill(self.actors)

@@ -24,7 +24,7 @@ from raylm.scoring.models import ModelSpec, load_model, load_tokenizer
 from raylm.cluster.failures import DeferredStartup
 from raylm.scoring.scorer import Scorer
 from raylm.scoring.startup_check import REAL_REQUESTS, checked_plan
-from raylm.requests.windows import strided_windows
+from raylm.requests.windows import split_conditioning, strided_windows
 
 
 PREFIX_SHARING_COLUMN = "prefix_sharing"  # DocPerplexity's verdict, taken off its rows by the driver
@@ -67,11 +67,16 @@ def document_texts(batch: pa.Table) -> list[str]:
 
 
 def window_documents(batch: pa.Table, encoder: Encoder, stride: int) -> WindowedDocs:
+    """Every document's strided windows. Documents are encoded by the tokenizer itself, not by the Encoder's
+    lm-eval rule (which the WikiText task keeps): a Llama tokenizer's BOS then conditions each document instead
+    of being scored after a second BOS and counted as a token (see split_conditioning)."""
     texts = document_texts(batch)
     contexts, continuations, owner, tokens = [], [], [], []
-    for doc, ids in enumerate(encoder.encode_many(texts)):
-        tokens.append(len(ids))
-        for context, continuation in strided_windows(ids, encoder.prefix_token, encoder.max_length, stride):
+    encoded = encoder.tokenizer(texts)["input_ids"] if texts else []
+    for doc, ids in enumerate(encoded):
+        first, scored = split_conditioning(list(ids), encoder.prefix_token)
+        tokens.append(len(scored))
+        for context, continuation in strided_windows(scored, first, encoder.max_length, stride):
             contexts.append(context)
             continuations.append(continuation)
             owner.append(doc)

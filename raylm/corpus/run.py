@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +32,13 @@ from raylm.requests.encoding import resolve_max_length
 from raylm.requests.masked import MaskedEncoder, masked_max_length
 from raylm.results.atomic import write_atomic
 from raylm.results.metrics import kl_metrics, ppl_metrics, pseudo_ppl_metrics
+from raylm.results.model_identity import pin_revision
+from raylm.results.ownership import RESULTS, results_kind, tagged_schema
 from raylm.results.report import prefix_sharing, run_config
 from raylm.results.sums import corpus_batch_sums, merge
 from raylm.scoring.mlm import MASKED_PREFIX_SHARING
-from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer, resolve_scorer
+from raylm.scoring.models import (ModelSpec, check_model_path, load_config, load_tokenizer, looks_local,
+                                  resolve_scorer)
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,7 @@ class CorpusResult:
     max_length: int
     stride: int
     wall_s: float
+    commits: list[str | None]  # per model (P, then Q for kl): the hub commit scored, None for a local directory
     prefix_sharing: str | list[str] | None = None
     scorer: str = "causal"
 
@@ -152,7 +156,12 @@ def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
     import ray.data  # see raylm.corpus.read.read_corpus
 
     cfg.validate()
+    check_output(out_dir, cfg.kind)
     start = time.time()
+    asked = cfg
+    # Actors of the pool may start at different times: each must load the same commit of a hub model.
+    cfg = replace(cfg, model=pin_revision(cfg.model),
+                  model_b=pin_revision(cfg.model_b) if cfg.model_b is not None else None)
     max_length, stride, scorer = resolve_lengths(cfg)
     connect()
     ds = read_corpus(cfg.data, cfg.fmt, cfg.text_column, cfg.limit_docs)
@@ -168,19 +177,31 @@ def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
                             compute=ray.data.ActorPoolStrategy(size=n), num_cpus=recipe.num_cpus,
                             num_gpus=recipe.num_gpus)
     label = result_label(cfg, scorer)
-    sums, verdicts = _stream(scored, out_dir / "samples" / f"{label}.parquet", cfg.progress)
-    if not sums:
-        raise RaylmError(f"{cfg.data}: the corpus has no documents")
+    sums, verdicts = _stream(scored, out_dir / "samples" / f"{label}.parquet", cfg.progress, cfg.data)
     metrics = {"ppl": ppl_metrics, "pseudo_ppl": pseudo_ppl_metrics, "kl": kl_metrics}[label](sums)
     sharing = {"ppl": prefix_sharing(verdicts), "pseudo_ppl": MASKED_PREFIX_SHARING, "kl": KL_PREFIX_SHARING}[label]
-    result = CorpusResult(cfg, metrics, max_length, stride, time.time() - start, sharing, scorer)
-    write_atomic(out_dir / "results.json", json.dumps(results_dict(result), indent=2, default=str).encode())
+    commits = [None if looks_local(m.path) else m.revision for m in (cfg.model, cfg.model_b) if m]
+    result = CorpusResult(asked, metrics, max_length, stride, time.time() - start, commits, sharing, scorer)
+    write_atomic(out_dir / RESULTS, json.dumps(results_dict(result), indent=2, default=str).encode())
     return result
 
 
-def _stream(scored: ray.data.Dataset, samples: Path, progress: bool) -> tuple[dict[str, float], list[str]]:
+def check_output(out_dir: Path, kind: str) -> None:
+    """A rerun replaces its own command's results; an eval run's, or a file raylm did not write, stays."""
+    path = out_dir / RESULTS
+    if not path.exists():
+        return
+    found = results_kind(path)
+    if found != kind:
+        what = f"holds the results of `raylm {found}`" if found else "was not written by raylm"
+        raise RaylmError(f"'{path}' {what}; use another --output")
+
+
+def _stream(scored: ray.data.Dataset, samples: Path, progress: bool,
+            source: str) -> tuple[dict[str, float], list[str]]:
     """Fold per-document batches into sums while appending them to the samples file, numbering documents; and the
-    actors' distinct prefix-sharing verdicts, which are taken off the rows."""
+    actors' distinct prefix-sharing verdicts, which are taken off the rows. A corpus with nothing to score leaves
+    no samples file behind."""
     samples.parent.mkdir(parents=True, exist_ok=True)
     partial = samples.with_name(f".{samples.name}.partial")
     parts: list[dict[str, float]] = []
@@ -196,7 +217,7 @@ def _stream(scored: ray.data.Dataset, samples: Path, progress: bool) -> tuple[di
                     batch = batch.drop_columns([PREFIX_SHARING_COLUMN])
                 batch = batch.add_column(0, "doc", pa.array(range(docs, docs + batch.num_rows), pa.int64()))
                 docs += batch.num_rows
-                writer = writer or pq.ParquetWriter(partial, batch.schema)
+                writer = writer or pq.ParquetWriter(partial, tagged_schema(batch.schema))
                 writer.write_table(batch)
                 parts.append(corpus_batch_sums(batch))
                 if len(parts) >= COLLAPSE_PARTS:
@@ -214,8 +235,13 @@ def _stream(scored: ray.data.Dataset, samples: Path, progress: bool) -> tuple[di
         raise error from e
     if writer:
         writer.close()
-        os.replace(partial, samples)
-    return merge(parts), sorted(verdicts)
+    sums = merge(parts)
+    if not sums.get("tokens"):
+        partial.unlink(missing_ok=True)
+        raise RaylmError(f"{source}: the corpus has no text to score "
+                         f"({int(sums.get('docs', 0))} documents, 0 tokens)")
+    os.replace(partial, samples)
+    return sums, sorted(verdicts)
 
 
 def _worker_error(e: Exception) -> RemoteError | None:
@@ -244,5 +270,6 @@ def results_dict(result: CorpusResult) -> dict[str, Any]:
             model_b_args=cfg.model_b.as_dict() if cfg.model_b else None,
             **{k: v for k, v in asdict(cfg).items() if k not in ("model", "model_b", "max_length", "stride")},
             max_length=result.max_length, stride=result.stride, prefix_sharing=result.prefix_sharing,
-            scorer=result.scorer, pll=cfg.model.pll if result.scorer == "mlm" else None),
+            scorer=result.scorer, pll=cfg.model.pll if result.scorer == "mlm" else None,
+            model_commit=result.commits[0], model_b_commit=result.commits[1] if cfg.model_b else None),
     }

@@ -32,6 +32,11 @@ class Row:
     def fail(self, message: str, name: str | None = None) -> InputError:
         return InputError(self.source, message, self.number, name)
 
+    def content_key(self) -> str:
+        """The row's fields as canonical JSON: two rows are the same document exactly when their keys are equal,
+        which is how lm-eval's few-shot sampler tells the evaluated document among drawn examples (dict ==)."""
+        return json.dumps(self.data, sort_keys=True, ensure_ascii=False, default=str)
+
 
 def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
     return kind if isinstance(kind, tuple) else (kind,)

@@ -9,6 +9,19 @@ sees max_length - stride earlier tokens, so fewer tokens are predicted from a ne
 from __future__ import annotations
 
 
+def split_conditioning(ids: list[int], prefix_token: int) -> tuple[int, list[int]]:
+    """A whole document's encoding -> (the token its first scored token is conditioned on, the tokens to score).
+
+    This is how the HF strided-perplexity recipe treats a text: the model sees the tokenizer's own encoding, and
+    a BOS the tokenizer put first only conditions, it is neither predicted nor counted. A tokenizer that adds no
+    BOS gets the prefix token (BOS, else EOS) in front, as lm-eval's rolling windows do, so that the first text
+    token is scored too instead of being dropped as the recipe drops it.
+    """
+    if ids and ids[0] == prefix_token:
+        return ids[0], ids[1:]
+    return prefix_token, ids
+
+
 def strided_windows(tokens: list[int], prefix_token: int, max_length: int, stride: int
                     ) -> list[tuple[list[int], list[int]]]:
     """Windows of at most max_length model inputs; the first scores up to max_length tokens, each later one

@@ -2,8 +2,9 @@
 
 Shards are cut on the driver from the request tables alone, so a shard's index names the same requests whatever
 the actor count; a rerun of the same command reloads finished shards and scores only the rest. A manifest
-fingerprints everything that decides a shard's requests or their scores (model, tasks, the request tables
-themselves, few-shot settings, limit, seed, shard size, code), and results of a different run are never mixed in.
+fingerprints everything that decides a shard's requests or their scores (model commit or weight contents, tasks,
+the request tables themselves, few-shot settings, limit, seed, shard size, code), and results of a different run
+are never mixed in.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import hashlib
 import io
 import json
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,10 @@ import pyarrow.parquet as pq
 
 import raylm
 from raylm.errors import RaylmError
-from raylm.scoring.models import ModelSpec, looks_local
+from raylm.results.model_identity import model_digest
+from raylm.results.ownership import (CHECKPOINT_DIR, MANIFEST, RESULTS, foreign_checkpoint, remove_raylm_files,
+                                     results_kind)
+from raylm.scoring.models import ModelSpec
 from raylm.requests.shards import ScoredShard
 from raylm.results.sums import shard_sums
 from raylm.requests.shards import Shard
@@ -29,11 +32,7 @@ from raylm.results.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_DIR = "checkpoint"
-MANIFEST = "manifest.json"
-# What --overwrite removes: only files raylm itself writes.
-OWNED = (CHECKPOINT_DIR, "results.json", "samples")
-_PID_KEY = b"raylm.pid"
+_PID_KEY = b"raylm.pid"  # also what marks a shard file as raylm's (raylm.results.ownership)
 _PREFIX_SHARING_KEY = b"raylm.prefix_sharing"
 
 
@@ -53,22 +52,12 @@ def source_digest() -> str:
     return digest.hexdigest()
 
 
-def model_digest(spec: ModelSpec) -> str:
-    """config.json plus each file's name, size and mtime: cheap even for many-GB weights, and a changed file shows."""
-    if not looks_local(spec.path):
-        return f"hub:{spec.path}@{spec.revision or 'default'}"
-    root = Path(spec.path).expanduser()
-    digest = hashlib.sha256()
-    for path in sorted(p for p in root.iterdir() if p.is_file()):
-        stat = path.stat()
-        digest.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-    digest.update((root / "config.json").read_bytes())
-    return digest.hexdigest()
-
-
 def fingerprint(spec: ModelSpec, tasks: tuple[str, ...], tables: dict[str, tuple[str, pa.Table]],
                 shards: list[Shard], num_fewshot: int, seed: int, limit: int | None) -> dict[str, Any]:
-    """Everything a shard's results depend on, except the actor count and batch size, which must not matter."""
+    """Everything a shard's results depend on, except the actor count and batch size, which must not matter.
+
+    `spec` must be pinned (raylm.results.model_identity.pin_revision): a hub model is then fingerprinted by its
+    commit, never by a branch name that can move."""
     return {
         "model": {**spec.as_dict(), "files": model_digest(spec)},
         "tasks": list(tasks),
@@ -91,10 +80,13 @@ class Checkpoint:
 
     @classmethod
     def open(cls, out_dir: Path, manifest: dict[str, Any], overwrite: bool) -> Checkpoint:
-        """Resume the same run, refuse a different one, or (with overwrite) discard whatever DIR held."""
+        """Resume the same run, refuse a different one, or (with overwrite) discard the results raylm left in DIR.
+        A results.json or checkpoint/ that raylm did not write is refused either way: never resumed from,
+        deleted or written over."""
         checkpoint = cls(out_dir, manifest)
+        checkpoint.refuse_foreign()
         if overwrite:
-            checkpoint.discard()
+            remove_raylm_files(out_dir)
         else:
             checkpoint.check_same_run()
         try:
@@ -111,7 +103,7 @@ class Checkpoint:
             except (OSError, ValueError) as e:
                 raise RaylmError(f"'{path}' is unreadable ({e}); pass --overwrite to discard it") from e
             differs = [key for key in self.manifest if previous.get(key) != self.manifest[key]]
-        elif (self.out_dir / "results.json").exists():
+        elif (self.out_dir / RESULTS).exists():
             differs = ["results.json without a checkpoint"]
         else:
             return
@@ -119,13 +111,13 @@ class Checkpoint:
             raise RaylmError(f"output directory '{self.out_dir}' holds results of a different run (differs in: "
                              f"{', '.join(differs)}); use another --output, or --overwrite to discard them")
 
-    def discard(self) -> None:
-        for name in OWNED:
-            path = self.out_dir / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
+    def refuse_foreign(self) -> None:
+        results = self.out_dir / RESULTS
+        if results.exists() and results_kind(results) is None:
+            raise RaylmError(f"'{results}' was not written by raylm; use another --output")
+        if foreign_checkpoint(self.out_dir):
+            raise RaylmError(f"'{self.root}' holds files raylm did not write (no raylm {MANIFEST}); use another "
+                             "--output")
 
     def shard_path(self, index: int) -> Path:
         return self.root / "shards" / f"{index:06d}.parquet"

@@ -22,8 +22,14 @@ class Predictions:
 
 
 def norm_scores(scored: pa.Table) -> np.ndarray:
-    """What acc_norm ranks by: each request's loglikelihood divided by its choice's character length."""
-    return scored["loglikelihood"].to_numpy() / scored["norm_len"].to_numpy().astype(np.float64)
+    """What acc_norm ranks by: each request's loglikelihood divided by its choice's character length.
+
+    A choice that is empty after preprocessing (a HellaSwag ending that was only '[title]') has length 0, and
+    lm-eval divides by it all the same (`lls / completion_len`): -inf, which never wins acc_norm, or nan for a
+    loglikelihood of exactly 0, which np.argmax picks first. Dividing the same way keeps acc_norm lm-eval's.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return scored["loglikelihood"].to_numpy() / scored["norm_len"].to_numpy().astype(np.float64)
 
 
 def choice_predictions(scored: pa.Table) -> Predictions:

@@ -19,6 +19,7 @@ import raylm
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
 from raylm.results.atomic import write_atomic
+from raylm.results.ownership import tagged
 from raylm.results.predictions import choice_predictions
 from raylm.scoring.models import ModelSpec
 
@@ -107,12 +108,12 @@ def write_samples(out_dir: Path, result: EvalResult) -> None:
     for name, task in result.tasks.items():
         path = out_dir / "samples" / f"{name}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(task.scored, path)
+        pq.write_table(tagged(task.scored), path)
         if task.kind == "multiple_choice":
             p = choice_predictions(task.scored)
             docs = pa.table({"doc_id": p.doc_id, "gold": p.gold, "pred": p.pred, "pred_norm": p.pred_norm,
                              "acc": (p.pred == p.gold).astype("int8"), "acc_norm": (p.pred_norm == p.gold).astype("int8")})
-            pq.write_table(docs, out_dir / "samples" / f"{name}_docs.parquet")
+            pq.write_table(tagged(docs), out_dir / "samples" / f"{name}_docs.parquet")
 
 
 def write_results(out_dir: Path, result: EvalResult) -> Path:

@@ -81,7 +81,8 @@ def _norm_scores(samples: Path) -> tuple[np.ndarray, np.ndarray]:
     table = pq.read_table(samples, columns=["req_idx", "gold", "loglikelihood", "norm_len"])
     score = norm_scores(table)
     gold = table["req_idx"].to_numpy() == table["gold"].to_numpy()
-    return score[gold], score[~gold]
+    shown = np.isfinite(score)  # an empty choice has no score per character (norm_scores) and no place on an axis
+    return score[gold & shown], score[~gold & shown]
 
 
 def _save(fig, plt, path: Path) -> None:

@@ -18,6 +18,7 @@ from raylm.cluster.runtime import actor_pids, connect, cpu_share, kill, set_batc
 from raylm.errors import RaylmError, RemoteError
 from raylm.evaluate import evaluate
 from raylm.results.atomic import write_atomic
+from raylm.results.model_identity import pin_revision
 from raylm.results.report import prepare_output, write_results, write_samples
 from raylm.scoring.models import check_model_path
 from raylm.sweep.config import Sweep, SweepModel, SweepPoint
@@ -87,6 +88,8 @@ def _cpus_per_actor(sweep: Sweep, models: int) -> float | None:
 
 def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], out: Path, run: ModelRun,
                num_cpus: float | None) -> None:
+    # Pinned before the actors load it, so that every point of this model scores the same commit.
+    model = replace(model, spec=pin_revision(model.spec))
     actors = start_actors(model.spec, sweep.actors_per_model, None, sweep.num_gpus, num_cpus)
     run.loads += len(actors)
     try:

@@ -27,6 +27,8 @@ class ChoiceDoc:
     gold: int
     # acc_norm divides by the character length of the choice text itself (lm-eval: len(choice), no delimiter).
     norm_lengths: tuple[int, ...]
+    # The source row's content (raylm.data.rows.Row.content_key): few-shot draws drop examples equal to it.
+    row_key: str
 
     def solved_example(self) -> str:
         """The text of this doc answered correctly, as lm-eval writes a few-shot example."""
@@ -56,16 +58,30 @@ class Task:
 
 
 def with_fewshot(task: Task, docs: list[ChoiceDoc], pool: list[ChoiceDoc], k: int, seed: int) -> list[ChoiceDoc]:
-    """Prefix every context with k solved examples, drawn as lm-eval's default sampler draws them.
+    """Prefix every context with k solved examples, drawn as lm-eval 0.4.13's default sampler draws them.
 
-    lm-eval seeds one Random per task and draws `sample(pool, k)` for each evaluated doc in order, so the same
-    seed gives the same prompts here as there.
+    lm-eval seeds one Random per task (its fewshot_random_seed) and, for a task whose fewshot_split and test_split
+    are both unset (its hellaswag and winogrande), draws `sample(pool, k + 1)` for each evaluated doc in order,
+    drops the examples equal to that doc and keeps the first k. The extra draw happens even when the pool is
+    another split, and it moves the random stream, so drawing only k would change every prompt after the first.
     """
-    if k > len(pool):
-        raise RaylmError(f"{task.name}: --num-fewshot {k} is larger than the few-shot pool ({len(pool)} examples)")
+    if k == 0:
+        return docs
+    if k + 1 > len(pool):
+        raise RaylmError(f"{task.name}: --num-fewshot {k} needs a few-shot pool of at least {k + 1} examples "
+                         f"(lm-eval draws k + 1 and drops the evaluated document); the pool has {len(pool)}")
     rnd = random.Random(seed)
     out = []
     for doc in docs:
-        prefix = "".join(ex.solved_example() + FEWSHOT_DELIMITER for ex in rnd.sample(pool, k))
+        examples = [ex for ex in rnd.sample(pool, k + 1) if ex.row_key != doc.row_key][:k]
+        if len(examples) < k:
+            # The evaluated row is in the pool more than once and was drawn more than once: lm-eval draws again
+            # from the pool without it.
+            others = [ex for ex in pool if ex.row_key != doc.row_key]
+            if len(others) < k:
+                raise RaylmError(f"{task.name}: doc {doc.doc_id}: the few-shot pool has only {len(others)} examples "
+                                 f"other than this document, fewer than --num-fewshot {k}")
+            examples = rnd.sample(others, k)
+        prefix = "".join(ex.solved_example() + FEWSHOT_DELIMITER for ex in examples)
         out.append(replace(doc, contexts=tuple(prefix + c for c in doc.contexts)))
     return out

@@ -28,7 +28,7 @@ def doc_from_row(doc_id: int, row: Row) -> ChoiceDoc:
     continuation = " " + sentence[blank + 1:].strip()
     contexts = tuple(sentence[:blank] + option for option in options)
     return ChoiceDoc(doc_id, contexts, (continuation, continuation), int(answer) - 1,
-                     tuple(len(c) for c in contexts))
+                     tuple(len(c) for c in contexts), row.content_key())
 
 
 def _docs(rows: list[Row]) -> list[ChoiceDoc]:

@@ -1,0 +1,103 @@
+"""What in an output directory raylm can prove it wrote, so that it never deletes or overwrites anything else.
+
+`--output` may be a directory that also holds the user's own files, a training run's `checkpoint/` or someone
+else's `samples/`. raylm's files carry proof: results.json names raylm's version in its config, the checkpoint
+manifest in its code fingerprint, and every Parquet file raylm writes has a `raylm.` key in its schema metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import raylm
+
+log = logging.getLogger(__name__)
+
+PARQUET_KEY = b"raylm.version"
+CHECKPOINT_DIR = "checkpoint"
+MANIFEST = "manifest.json"
+SAMPLES_DIR = "samples"
+RESULTS = "results.json"
+
+
+def tagged(table: pa.Table) -> pa.Table:
+    """The table with raylm's mark in its schema metadata (kept alongside any metadata it already has)."""
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), PARQUET_KEY: raylm.__version__.encode()})
+
+
+def tagged_schema(schema: pa.Schema) -> pa.Schema:
+    return schema.with_metadata({**(schema.metadata or {}), PARQUET_KEY: raylm.__version__.encode()})
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def results_kind(path: Path) -> str | None:
+    """'eval', 'ppl' or 'kl' for a results.json raylm wrote, else None."""
+    data = _json(path)
+    config = data.get("config") if isinstance(data, dict) else None
+    if not (isinstance(config, dict) and isinstance(config.get("versions"), dict) and "raylm" in config["versions"]):
+        return None
+    return str(config.get("command", "eval"))
+
+
+def is_raylm_manifest(path: Path) -> bool:
+    data = _json(path)
+    return isinstance(data, dict) and isinstance(data.get("code"), dict) and "raylm" in data["code"]
+
+
+def is_raylm_parquet(path: Path) -> bool:
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowException):
+        return False
+    return any(key.startswith(b"raylm.") for key in metadata)
+
+
+def foreign_checkpoint(out_dir: Path) -> bool:
+    """A checkpoint/ directory with contents but no raylm manifest: raylm must neither resume from it nor write
+    into it."""
+    root = out_dir / CHECKPOINT_DIR
+    return root.is_dir() and any(root.iterdir()) and not is_raylm_manifest(root / MANIFEST)
+
+
+def remove_raylm_files(out_dir: Path) -> None:
+    """Delete results.json, the checkpoint and the samples raylm wrote under out_dir, and the directories they
+    leave empty; anything else stays, named in a warning."""
+    results = out_dir / RESULTS
+    if results.is_file() and results_kind(results) is not None:
+        results.unlink()
+    checkpoint = out_dir / CHECKPOINT_DIR
+    if is_raylm_manifest(checkpoint / MANIFEST):
+        _remove_parquet(checkpoint / "shards")
+        (checkpoint / MANIFEST).unlink()
+        _remove_if_empty(checkpoint)
+    _remove_parquet(out_dir / SAMPLES_DIR)
+
+
+def _remove_parquet(directory: Path) -> None:
+    if not directory.is_dir():
+        return
+    for path in directory.iterdir():
+        if path.is_file() and path.suffix == ".parquet" and is_raylm_parquet(path):
+            path.unlink()
+    _remove_if_empty(directory)
+
+
+def _remove_if_empty(directory: Path) -> None:
+    left = list(directory.iterdir())
+    if left:
+        log.warning("--overwrite left %s in place: raylm did not write %s", directory,
+                    ", ".join(sorted(p.name for p in left)[:5]) + (" ..." if len(left) > 5 else ""))
+        return
+    directory.rmdir()

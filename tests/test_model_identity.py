@@ -1,0 +1,146 @@
+"""Which weights a run scores: hub ids pinned to a commit (offline from the cache's refs, online from the hub),
+local weights fingerprinted by contents rather than modification times."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import DATA, run_cli
+from raylm.errors import RaylmError
+from raylm.results.model_identity import BLOCK_BYTES, SAMPLED_BLOCKS, file_digest, model_digest, pin_revision
+from raylm.scoring.models import ModelSpec
+
+REPO = "raylm-test/tiny"
+SHA_1, SHA_2 = "1" * 40, "2" * 40
+
+
+@pytest.fixture(scope="module")
+def hub_cache(tiny_llama, tmp_path_factory) -> Path:
+    """A Hugging Face cache as a download leaves it: two commits of REPO (different weights), main at the first,
+    tag v1 at the second."""
+    from safetensors.torch import load_file, save_file
+
+    cache = tmp_path_factory.mktemp("hf") / "hub"
+    repo = cache / f"models--{REPO.replace('/', '--')}"
+    for sha in (SHA_1, SHA_2):
+        shutil.copytree(tiny_llama, repo / "snapshots" / sha)
+    weights = repo / "snapshots" / SHA_2 / "model.safetensors"
+    save_file({k: v + 0.5 for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(SHA_1)
+    (repo / "refs" / "v1").write_text(SHA_2)
+    return cache
+
+
+@pytest.fixture
+def offline(hub_cache, monkeypatch) -> Path:
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return hub_cache / f"models--{REPO.replace('/', '--')}"
+
+
+def test_offline_a_hub_id_is_pinned_to_the_cached_commit_and_a_moved_main_changes_the_fingerprint(offline):
+    pinned = pin_revision(ModelSpec(REPO))
+    assert pinned.revision == SHA_1 and model_digest(pinned) == f"hub:{REPO}@{SHA_1}"
+    assert pin_revision(ModelSpec(REPO, revision="v1")).revision == SHA_2
+    assert pin_revision(pinned) == pinned
+    (offline / "refs" / "main").write_text(SHA_2)
+    try:
+        moved = pin_revision(ModelSpec(REPO))
+    finally:
+        (offline / "refs" / "main").write_text(SHA_1)
+    assert moved.revision == SHA_2 and model_digest(moved) != model_digest(pinned)
+
+
+def test_offline_a_model_missing_from_the_cache_is_one_line(offline):
+    with pytest.raises(RaylmError) as err:
+        pin_revision(ModelSpec("raylm-test/absent"))
+    assert "HF_HUB_OFFLINE is set" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(RaylmError, match="revision 'no-such-branch'"):
+        pin_revision(ModelSpec(REPO, revision="no-such-branch"))
+
+
+def test_online_the_hub_is_asked_and_an_unreachable_hub_falls_back_to_the_cache(offline, monkeypatch, caplog):
+    import huggingface_hub
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    asked = []
+
+    def answered(self, repo_id, revision=None):
+        asked.append((repo_id, revision))
+        return SimpleNamespace(sha="a" * 40)
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", answered)
+    assert pin_revision(ModelSpec(REPO, revision="dev")).revision == "a" * 40 and asked == [(REPO, "dev")]
+
+    def unreachable(self, repo_id, revision=None):
+        raise ConnectionError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", unreachable)
+    with caplog.at_level(logging.WARNING):
+        assert pin_revision(ModelSpec(REPO)).revision == SHA_1
+    assert "Name or service not known" in caplog.text and SHA_1 in caplog.text
+    with pytest.raises(RaylmError, match=r"the hub could not be asked \(ConnectionError: Name or service"):
+        pin_revision(ModelSpec("raylm-test/absent"))
+
+
+def test_local_weights_are_fingerprinted_by_contents_not_modification_times(tiny_llama, tmp_path):
+    spec = ModelSpec(str(tiny_llama))
+    before = model_digest(spec)
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_llama, copy, copy_function=shutil.copyfile)  # new files, new modification times
+    os.utime(copy / "model.safetensors", (1, 1))
+    assert model_digest(ModelSpec(str(copy))) == before
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert model_digest(ModelSpec(str(copy))) != before
+
+
+def test_large_files_are_hashed_by_size_and_sampled_blocks(tmp_path):
+    path = tmp_path / "weights.bin"
+    size = SAMPLED_BLOCKS * BLOCK_BYTES * 4 + 123
+    data = bytearray(os.urandom(size))
+    path.write_bytes(bytes(data))
+    original = file_digest(path)
+    for offset in (0, (size - BLOCK_BYTES) * 7 // (SAMPLED_BLOCKS - 1) + 5, size - 1):
+        changed = bytearray(data)
+        changed[offset] ^= 0xFF
+        path.write_bytes(bytes(changed))
+        assert file_digest(path) != original, offset
+    path.write_bytes(bytes(data) + b"\0")
+    assert file_digest(path) != original
+
+
+def test_cli_on_a_cached_hub_model_offline_records_the_commit_it_scored(hub_cache, offline, tmp_path):
+    """What a user with HF_HUB_OFFLINE=1 and a cached model runs: the commit main points to is loaded, recorded in
+    results.json and fingerprinted in the checkpoint; once main moves, the model part of the fingerprint differs,
+    so a rerun is refused rather than resumed."""
+    out = tmp_path / "out"
+    env = {"HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}
+    proc = run_cli("eval", "--model", REPO, "--tasks", "winogrande", "--limit", "2", "--data-dir", str(DATA),
+                   "--output", str(out), "--no-progress", env_extra=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = json.loads((out / "results.json").read_text())["config"]
+    assert config["model_commit"] == SHA_1 and config["model_args"]["revision"] is None
+    manifest = json.loads((out / "checkpoint" / "manifest.json").read_text())
+    assert manifest["model"]["revision"] == SHA_1 and manifest["model"]["files"] == f"hub:{REPO}@{SHA_1}"
+    pinned = pin_revision(ModelSpec(REPO))
+    assert {**pinned.as_dict(), "files": model_digest(pinned)} == manifest["model"]
+    (offline / "refs" / "main").write_text(SHA_2)
+    try:
+        moved = pin_revision(ModelSpec(REPO))
+    finally:
+        (offline / "refs" / "main").write_text(SHA_1)
+    assert {**moved.as_dict(), "files": model_digest(moved)} != manifest["model"]
