@@ -25,6 +25,7 @@ ALLOWED = {
     "evaluate": {"cluster", "config", "requests", "results", "scoring", "tasks"},
     "sweep": {"cluster", "config", "data", "evaluate", "results", "scoring", "tasks"},
     "cli": {"cluster", "config", "corpus", "data", "evaluate", "requests", "results", "scoring", "sweep", "tasks"},
+    "lm_eval": {"cluster", "requests", "scoring", "tasks"},
     "__main__": {"cli"},
 }
 RAY_USERS = {"cluster", "corpus"}
