@@ -71,8 +71,14 @@ def results_dict(result: EvalResult) -> dict[str, Any]:
     theirs = result.lmeval or {}
 
     def merged(key: str, ordered: bool = False) -> dict[str, Any]:
-        both = {**ours.get(key, {}), **theirs.get(key, {})}
-        return dict(sorted(both.items())) if ordered else both
+        """Sorted by name (as lm-eval sorts these), or in the order the tasks were asked for: each native task in
+        its place, lm-eval's block (its tasks, then its groups) where the first lm-eval name was."""
+        if ordered:
+            return dict(sorted({**ours.get(key, {}), **theirs.get(key, {})}.items()))
+        out: dict[str, Any] = {}
+        for name in cfg.tasks:
+            out.update({name: ours[key][name]} if name in ours.get(key, {}) else theirs.get(key, {}))
+        return out
 
     return {
         "results": merged("results"),
