@@ -31,11 +31,27 @@ from raylm.sweep.config import load_sweep
 from raylm.sweep.run import run_sweep
 from test_resume import checkpointed, kill_after_checkpoints
 
-TASKS = ("arc_easy_local", "mmlu_local", "hellaswag", "wikitext")  # an lm-eval task and group, two native tasks
-LMEVAL_TASKS = ("arc_easy_local", "mmlu_local")
+# lm-eval tasks (multiple choice, a group, a rolling task), then two native tasks
+TASKS = ("arc_easy_local", "mmlu_local", "boolq_text_local", "hellaswag", "wikitext")
+LMEVAL_TASKS = ("arc_easy_local", "mmlu_local", "boolq_text_local")
 MMLU_SUBJECTS = ("mmlu_abstract_algebra_local", "mmlu_anatomy_local", "mmlu_college_computer_science_local",
                  "mmlu_high_school_geography_local", "mmlu_nutrition_local", "mmlu_philosophy_local")
 LIMIT = 4
+
+
+@pytest.fixture(scope="module")
+def tasks_dir(local_tasks, tmp_path_factory):
+    """The local tasks, plus a loglikelihood_rolling task of lm-eval's (BoolQ passages thrice over: several of
+    stories260K's 512-token windows each), its perplexity metrics lm-eval's generic ones."""
+    out = tmp_path_factory.mktemp("tasks")
+    for path in local_tasks.iterdir():
+        (out / path.name).write_text(path.read_text())
+    (out / "boolq_text_local.yaml").write_text(
+        f"task: boolq_text_local\ninclude: {local_tasks / 'boolq_local.yaml'}\ntag: null\n"
+        "output_type: loglikelihood_rolling\ndoc_to_text: ''\n"
+        "doc_to_target: '{{passage}} {{passage}} {{passage}}'\ndoc_to_choice: null\n"
+        "metric_list:\n  - metric: word_perplexity\n  - metric: byte_perplexity\n  - metric: bits_per_byte\n")
+    return out
 
 
 def eval_args(local_tasks, out, *extra: str) -> list[str]:
@@ -45,9 +61,9 @@ def eval_args(local_tasks, out, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def cli_run(local_tasks, tmp_path_factory):
+def cli_run(tasks_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("lmeval-cli") / "out"
-    proc = run_cli(*eval_args(local_tasks, out, "--log-samples"))
+    proc = run_cli(*eval_args(tasks_dir, out, "--log-samples"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, out, json.loads((out / "results.json").read_text())
 
@@ -56,13 +72,14 @@ def test_results_json_has_lm_evals_full_shape_for_native_and_lm_eval_tasks(cli_r
     _, _, results = cli_run
     groups = ["mmlu_local", "mmlu_local_humanities", "mmlu_local_other", "mmlu_local_social_sciences",
               "mmlu_local_stem"]
-    assert set(results["results"]) == {"arc_easy_local", "hellaswag", "wikitext", *MMLU_SUBJECTS, *groups}
+    assert set(results["results"]) == {"arc_easy_local", "boolq_text_local", "hellaswag", "wikitext", *MMLU_SUBJECTS,
+                                       *groups}
     assert list(results)[:9] == ["results", "groups", "group_subtasks", "configs", "versions", "n-shot",
                                  "higher_is_better", "n-samples", "config"]
     assert set(results["groups"]) == set(groups)
     assert results["group_subtasks"]["mmlu_local_stem"] == ["mmlu_abstract_algebra_local", "mmlu_anatomy_local",
                                                              "mmlu_college_computer_science_local"]
-    for name in ("arc_easy_local", "hellaswag", "wikitext", *MMLU_SUBJECTS):
+    for name in ("arc_easy_local", "boolq_text_local", "hellaswag", "wikitext", *MMLU_SUBJECTS):
         entry = results["results"][name]
         assert (entry["name"], entry["sample_len"]) == (name, LIMIT)
         assert results["n-samples"][name]["effective"] == LIMIT and results["n-shot"][name] == 0
@@ -73,9 +90,10 @@ def test_results_json_has_lm_evals_full_shape_for_native_and_lm_eval_tasks(cli_r
     assert results["results"]["mmlu_philosophy_local"]["alias"] == "philosophy"
     assert results["n-samples"]["hellaswag"]["original"] == 1000
     # raylm's extras, under keys lm-eval does not read
-    assert set(results["sums"]) == {"arc_easy_local", "hellaswag", "wikitext", *MMLU_SUBJECTS}
+    assert set(results["sums"]) == {"arc_easy_local", "boolq_text_local", "hellaswag", "wikitext", *MMLU_SUBJECTS}
     assert results["sums"]["arc_easy_local"]["requests"] == 4 * LIMIT
-    assert list(results["token_perplexity"]) == ["wikitext"]
+    assert set(results["token_perplexity"]) == {"boolq_text_local", "wikitext"}
+    assert results["results"]["boolq_text_local"]["word_perplexity_stderr,none"] == "N/A"
     config = results["config"]
     assert (config["random_seed"], config["numpy_seed"], config["torch_seed"], config["fewshot_seed"]) == (
         0, 1234, 1234, 1234)
@@ -138,18 +156,21 @@ def test_log_samples_writes_lm_evals_logged_fields_per_request_and_document(cli_
     assert docs["loglikelihoods"].to_pylist()[0] == requests["loglikelihood"].to_pylist()[:4]
     for subject in MMLU_SUBJECTS:
         assert pq.read_table(out / "samples" / f"{subject}_docs.parquet").num_rows == LIMIT
+    rolling = pq.read_table(out / "samples" / "boolq_text_local.parquet").to_pylist()
+    assert len(rolling) == LIMIT and max(r["windows"] for r in rolling) > 1 and rolling[0]["is_greedy"] is None
+    assert all(r["continuation_tokens"] > 0 and len(r["arguments"]) == 1 for r in rolling)
     assert pq.read_table(out / "samples" / "hellaswag_docs.parquet").num_rows == LIMIT  # native, as before
 
 
 @pytest.fixture(scope="module")
-def runs(ray_session, local_tasks):
+def runs(ray_session, tasks_dir):
     """The same lm-eval tasks on 1 actor with big shards and on 2 actors with shards of 3 requests."""
     spec = ModelSpec(str(STORIES), dtype="float32", device="cpu")
     out = {}
     for n_actors, shard_requests in ((1, 512), (2, 3)):
         actors = start_actors(spec, n_actors, None)
         cfg = EvalConfig(spec, LMEVAL_TASKS, limit=6, shard_requests=shard_requests, progress=False,
-                         include_path=local_tasks, bootstrap_iters=1000)
+                         include_path=tasks_dir, bootstrap_iters=1000)
         out[n_actors] = evaluate(cfg, actors)
         for actor in actors:
             ray.kill(actor)
@@ -159,7 +180,7 @@ def runs(ray_session, local_tasks):
 def test_lm_eval_results_do_not_depend_on_actors_or_shard_size(runs):
     one, two = runs[1], runs[2]
     assert two.extra["shards"] > one.extra["shards"]
-    assert set(one.tasks) == {"arc_easy_local", *MMLU_SUBJECTS}
+    assert set(one.tasks) == {"arc_easy_local", "boolq_text_local", *MMLU_SUBJECTS}
     for name, a in one.tasks.items():
         b = two.tasks[name]
         assert {k: v for k, v in a.sums.items() if k != "nll"} == {k: v for k, v in b.sums.items() if k != "nll"}
@@ -183,16 +204,16 @@ def assert_same(ours: dict, theirs: dict) -> None:
             assert value == (pytest.approx(expected, rel=1e-9) if isinstance(value, float) else expected), (name, key)
 
 
-def test_killed_run_resumes_and_equals_an_uninterrupted_one(ray_session, local_tasks, cli_run, tmp_path, capsys):
+def test_killed_run_resumes_and_equals_an_uninterrupted_one(ray_session, tasks_dir, cli_run, tmp_path, capsys):
     _, _, whole = cli_run
     out = tmp_path / "out"
-    kill_after_checkpoints(eval_args(local_tasks, out), out, 4, tmp_path / "killed.log")
+    kill_after_checkpoints(eval_args(tasks_dir, out), out, 4, tmp_path / "killed.log")
     assert not (out / "results.json").exists()
     done = checkpointed(out)
     shards = json.loads((out / CHECKPOINT_DIR / MANIFEST).read_text())["shards"]
     assert 4 <= len(done) < len(shards)
     capsys.readouterr()
-    assert main(eval_args(local_tasks, out) + ["--actors", "2"]) == 0
+    assert main(eval_args(tasks_dir, out) + ["--actors", "2"]) == 0
     final = capsys.readouterr().out.strip().splitlines()[-2]
     assert f"in {len(shards)} shards, 0 retried, {len(done)} resumed from checkpoint" in final, final
     resumed = json.loads((out / "results.json").read_text())
@@ -200,7 +221,7 @@ def test_killed_run_resumes_and_equals_an_uninterrupted_one(ray_session, local_t
         assert resumed[section] == whole[section], section
     assert resumed["sums"].keys() == whole["sums"].keys()
     # A different run is refused there.
-    args = eval_args(local_tasks, out)
+    args = eval_args(tasks_dir, out)
     args[args.index("--limit") + 1] = "3"
     assert main(args) == 2
     assert "holds results of a different run (differs in: data, limit, shards)" in capsys.readouterr().err
@@ -262,9 +283,9 @@ def test_sweep_files_check_lm_eval_names_with_line_numbers(tasks, include, expec
     assert str(error.value).startswith(f"{path}: {expected}"), str(error.value)
 
 
-def test_simple_evaluate_on_raylm_actors_gives_raylm_evals_numbers(ray_session, local_tasks, cli_run):
+def test_simple_evaluate_on_raylm_actors_gives_raylm_evals_numbers(ray_session, tasks_dir, cli_run):
     _, out, ours = cli_run
-    manager = TaskManager(include_path=str(local_tasks))
+    manager = TaskManager(include_path=str(tasks_dir))
     with RayLM(pretrained=str(STORIES), actors=2, shard_size=8) as lm:
         theirs = lm_eval.simple_evaluate(model=lm, tasks=list(LMEVAL_TASKS), task_manager=manager, limit=LIMIT,
                                          bootstrap_iters=1000)
@@ -274,9 +295,11 @@ def test_simple_evaluate_on_raylm_actors_gives_raylm_evals_numbers(ray_session, 
     assert_same(json.loads(json.dumps(theirs["results"], default=str)),
                 {name: ours["results"][name] for name in theirs["results"]})
     # per request: the same loglikelihoods as raylm eval's, up to float32 rounding across batch shapes
-    requests = pq.read_table(out / "samples" / "arc_easy_local.parquet")["loglikelihood"].to_pylist()
-    logged = [resp[0][0] for s in theirs["samples"]["arc_easy_local"] for resp in s["resps"]]
-    assert logged == pytest.approx(requests, abs=1e-4)
+    for task in ("arc_easy_local", "boolq_text_local"):
+        requests = pq.read_table(out / "samples" / f"{task}.parquet")["loglikelihood"].to_pylist()
+        logged = [resp[0][0] if isinstance(resp[0], tuple) else resp[0]
+                  for s in theirs["samples"][task] for resp in s["resps"]]
+        assert logged == pytest.approx(requests, rel=1e-6, abs=1e-4), task
 
 
 def test_raylm_is_an_lm_eval_model_name_without_hiding_lm_evals_own():

@@ -207,3 +207,16 @@ def test_the_task_config_is_part_of_the_request_tables_digest(local_tasks, tmp_p
     assert a.replace_schema_metadata(None).equals(b.replace_schema_metadata(None))
     assert table_digest(a) != table_digest(b)
     assert a.schema.metadata[b"raylm.lmeval.version"] == b"1.0"
+
+
+def test_a_native_task_reached_again_through_lm_eval_is_refused(tmp_path):
+    from raylm.config import EvalConfig
+    from raylm.evaluate import select_lmeval
+
+    (tmp_path / "group.yaml").write_text("group: with_hellaswag\ntask:\n  - hellaswag\n  - arc_easy\n")
+    cfg = EvalConfig(ModelSpec(str(STORIES)), ("hellaswag", "with_hellaswag"), include_path=tmp_path)
+    with pytest.raises(RaylmError, match="^hellaswag: asked for as a native task and also reached through lm-eval's "
+                                         "with_hellaswag"):
+        select_lmeval(cfg)
+    assert select_lmeval(EvalConfig(ModelSpec(str(STORIES)), ("with_hellaswag",), include_path=tmp_path)).leaves == [
+        "hellaswag", "arc_easy"]
