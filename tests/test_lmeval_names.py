@@ -66,7 +66,7 @@ def test_cached_index_is_lm_evals_own_and_is_rebuilt_when_a_yaml_changes(local_t
     index_cache.builtin_index.cache_clear()
     try:
         cold = index_cache.builtin_index()
-        assert len(list((tmp_path / "cache").glob("lm-eval-*-index-*.pkl"))) == 1
+        assert len(list((tmp_path / "cache").glob("lm-eval-*-index-*.json"))) == 1
         index_cache.builtin_index.cache_clear()
         start = time.perf_counter()
         warm = index_cache.builtin_index()

@@ -1,19 +1,30 @@
-"""Native tasks in lm-eval's results shape (lm-eval's rules for stderr entries, its section order), and the printed
-table: lm-eval's make_table, or raylm's plain table where lm-eval is not installed."""
+"""lm-eval's results from raylm: the glue around lm-eval's metric code against lm-eval's own simple_evaluate for
+the same scores (output types, metrics and few-shot rules no golden covers), native tasks in lm-eval's shape
+(its rules for stderr entries, its section order), and the printed table: lm-eval's make_table, or raylm's plain
+table where lm-eval is not installed."""
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 
+import lm_eval
+import numpy as np
 import pyarrow as pa
-from lm_eval.utils import make_table
+import pytest
+from lm_eval.api.model import LM
+from lm_eval.tasks import TaskManager
+from lm_eval.utils import handle_non_serializable, make_table
 
 from conftest import STORIES
 from raylm.config import EvalConfig
+from raylm.results.lmeval import results
 from raylm.results.native import task_entry
 from raylm.results.report import EvalResult, TaskResult, format_table, results_dict
 from raylm.scoring.models import ModelSpec
+from raylm.tasks.lmeval.build import load_and_build
+from raylm.tasks.lmeval.names import select
 
 EXTRA = {"shards": 2, "requests_scored": 8, "shards_retried": 0, "shards_resumed": 0}
 
@@ -70,3 +81,74 @@ def test_the_table_is_lm_evals_make_table_and_raylms_own_without_lm_eval(monkeyp
     assert plain[0].split() == ["task", "metric", "value", "stderr", "n"]
     assert plain[1].split() == ["hellaswag", "acc", "0.5000", "0.1600", "10"]
 
+
+
+class ReplayLM(LM):
+    """An lm-eval model that answers from a table of scores, checking each request's strings are the ones raylm
+    built: lm-eval's own simple_evaluate around the same scores is the reference for raylm's glue."""
+
+    def __init__(self, scores: dict, arguments: dict):
+        super().__init__()
+        self.scores, self.arguments = scores, arguments
+
+    def _answer(self, requests):
+        for req in requests:
+            assert req.args == self.arguments[(req.task_name, req.doc_id, req.idx)]
+        return [self.scores[(req.task_name, req.doc_id, req.idx)] for req in requests]
+
+    def loglikelihood(self, requests):
+        return self._answer(requests)
+
+    def loglikelihood_rolling(self, requests):
+        return self._answer(requests)
+
+    def generate_until(self, requests):
+        raise NotImplementedError
+
+
+@pytest.fixture(scope="module")
+def variants(local_tasks, tmp_path_factory):
+    """arc_easy_local variants for what no golden covers: acc_mutual_info (unconditional requests), output_type
+    loglikelihood with a bootstrapped perplexity stderr, a few-shot default and a pinned 0."""
+    out = tmp_path_factory.mktemp("variants")
+    base = local_tasks / "arc_easy_local.yaml"
+    (out / "arc_mi.yaml").write_text(
+        f"task: arc_mi\ninclude: {base}\ntag: null\nmetric_list:\n"
+        "  - {metric: acc, aggregation: mean, higher_is_better: true}\n"
+        "  - {metric: acc_mutual_info, aggregation: mean, higher_is_better: true}\n")
+    (out / "arc_ll.yaml").write_text(
+        f"task: arc_ll\ninclude: {base}\ntag: null\noutput_type: loglikelihood\ndoc_to_choice: null\n"
+        "doc_to_target: \"{{' ' + choices.text[choices.label.index(answerKey)]}}\"\nmetric_list:\n"
+        "  - {metric: perplexity, aggregation: perplexity, higher_is_better: false}\n"
+        "  - {metric: acc, aggregation: mean, higher_is_better: true}\n")
+    (out / "arc_two_shot.yaml").write_text(f"task: arc_two_shot\ninclude: {base}\ntag: null\nnum_fewshot: 2\n")
+    (out / "arc_pinned.yaml").write_text(f"task: arc_pinned\ninclude: {base}\ntag: null\nnum_fewshot: 0\n")
+    return out
+
+
+@pytest.mark.parametrize("num_fewshot,bootstrap_iters", [(None, 200), (3, 0)])
+def test_raylms_glue_gives_lm_evals_own_results_for_the_same_scores(variants, num_fewshot, bootstrap_iters):
+    names = ["arc_mi", "arc_ll", "arc_two_shot", "arc_pinned"]
+    seeds = (0, 1234, 1234, 1234)
+    built = load_and_build(select(names, variants), seeds, num_fewshot, 12)
+    rng = np.random.default_rng(0)
+    scores, arguments = {}, {}
+    for task in built.tasks["tasks"]:
+        for r in built.requests(task):
+            scores[(task, r.doc_id, r.idx)] = (float(-rng.gamma(2.0, 10.0)), bool(rng.random() < 0.2))
+            arguments[(task, r.doc_id, r.idx)] = r.arguments
+    unconditional = [a for (t, d, _), a in arguments.items() if t == "arc_mi" and d == 0 and a[0] == ""]
+    assert len(unconditional) == 4  # one ("", " choice") request per choice, after the conditional ones
+    ours = results(built, scores, bootstrap_iters)
+    theirs = lm_eval.simple_evaluate(model=ReplayLM(scores, arguments), tasks=names,
+                                     task_manager=TaskManager(include_path=str(variants)), num_fewshot=num_fewshot,
+                                     limit=12, bootstrap_iters=bootstrap_iters, random_seed=seeds[0],
+                                     numpy_random_seed=seeds[1], torch_random_seed=seeds[2],
+                                     fewshot_random_seed=seeds[3])
+    for key in ("results", "group_subtasks", "configs", "versions", "n-shot", "higher_is_better", "n-samples",
+                "samples"):
+        assert json.dumps(ours[key], default=handle_non_serializable) == \
+            json.dumps(theirs[key], default=handle_non_serializable), key
+    assert theirs["n-shot"]["arc_pinned"] == 0 and theirs["n-shot"]["arc_two_shot"] == (num_fewshot or 2)
+    stderr = ours["results"]["arc_ll"]["perplexity_stderr,none"]
+    assert stderr == "N/A" if bootstrap_iters == 0 else isinstance(stderr, float)

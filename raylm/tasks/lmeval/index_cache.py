@@ -1,9 +1,10 @@
 """lm-eval's index of its own ~14,000 task YAMLs, kept between runs.
 
 TaskManager() parses every YAML lm-eval ships (and every file they include) on each construction: 7-23 s on 2
-cores, more than the whole of a small evaluation. The index depends only on those files, so it is pickled under
-raylm's cache directory, keyed by lm-eval's version and every YAML's path, size and modification time: any
-change to lm-eval's task files builds it afresh. `RAYLM_NO_CACHE=1` turns the cache off; `RAYLM_CACHE_DIR`
+cores, more than the whole of a small evaluation. The index depends only on those files, so it is kept as JSON
+(plain YAML values: no pickle) under raylm's cache directory, keyed by lm-eval's version and every YAML's path,
+size and modification time: any change to lm-eval's task files builds it afresh. An index JSON cannot hold
+exactly is not kept. `RAYLM_NO_CACHE=1` turns the cache off; `RAYLM_CACHE_DIR`
 moves it (default `$XDG_CACHE_HOME/raylm`, else `~/.cache/raylm`).
 """
 
@@ -11,9 +12,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import os
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,17 @@ def _key(root: Path) -> str:
     for path in _yaml_files(root):
         stat = os.stat(path)
         digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return f"lm-eval-{lm_eval.__version__}-index-{digest.hexdigest()[:20]}.pkl"
+    return f"lm-eval-{lm_eval.__version__}-index-{digest.hexdigest()[:20]}.json"
+
+
+def _encode(index: dict[str, Entry]) -> str:
+    return json.dumps([[e.name, e.kind.name, None if e.yaml_path is None else str(e.yaml_path), e.cfg, sorted(e.tags)]
+                       for e in index.values()])
+
+
+def _decode(text: str) -> dict[str, Entry]:
+    return {name: Entry(name, Kind[kind], None if path is None else Path(path), cfg, set(tags))
+            for name, kind, path, cfg, tags in json.loads(text)}
 
 
 @functools.lru_cache(maxsize=1)
@@ -71,14 +82,22 @@ def builtin_index() -> dict[str, Entry]:
         return TaskIndex.build([root])
     path = directory / _key(root)
     if path.is_file():
-        return pickle.loads(path.read_bytes())
+        return _decode(path.read_text())
     index = TaskIndex.build([root])
+    try:
+        text = _encode(index)
+    except TypeError as e:  # a YAML value JSON has no type for
+        log.warning("lm-eval's task index is not kept in %s (%s)", directory, e)
+        return index
+    if _decode(text) != index:
+        log.warning("lm-eval's task index is not kept in %s (JSON would not give it back exactly)", directory)
+        return index
     try:
         directory.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.{os.getpid()}")
-        partial.write_bytes(pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL))
+        partial.write_text(text)
         partial.replace(path)
-        for stale in directory.glob("lm-eval-*-index-*.pkl"):
+        for stale in directory.glob("lm-eval-*-index-*.json"):
             if stale != path:
                 stale.unlink(missing_ok=True)
     except OSError as e:
