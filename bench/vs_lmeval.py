@@ -159,7 +159,8 @@ def local_tasks(work: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="gpt2-small", help="gpt2-small (random 124M) or stories (stories260K)")
-    parser.add_argument("--rows", type=int, default=200, help="documents per task of every group without :limit; 0: all")
+    parser.add_argument("--rows", type=int, default=200,
+                        help="documents per task of every group without :limit; 0: all")
     parser.add_argument("--wikitext-pages", type=int, help="WikiText pages (default: all 62)")
     parser.add_argument("--quick", action="store_true", help="20 HellaSwag documents, 2 WikiText pages")
     parser.add_argument("--repeats", type=int, default=1, help="alternating runs of each tool; best of N")

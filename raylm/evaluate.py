@@ -1,4 +1,5 @@
-"""The driver's whole job, top to bottom: rows (or lm-eval's tasks) -> requests -> shards -> actors -> sums -> metrics."""
+"""The driver's whole job, top to bottom: rows (or lm-eval's tasks) -> requests -> shards -> actors -> sums ->
+metrics."""
 
 from __future__ import annotations
 
@@ -208,9 +209,10 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
         sums = merge([s.sums for s in mine])
         if kind == LMEVAL_KIND:
             metrics, original = {}, 0  # lm-eval's, filled in below
+        elif kind == "rolling":
+            metrics, original = rolling_metrics(sums), docs[name][1]
         else:
-            metrics = rolling_metrics(sums) if kind == "rolling" else choice_metrics(sums, get_task(name).choice_metrics)
-            original = docs[name][1]
+            metrics, original = choice_metrics(sums, get_task(name).choice_metrics), docs[name][1]
         results[name] = TaskResult(name, kind, metrics, sums, original, table)
     lmeval = _lmeval_results(cfg, built, tables, results) if built is not None else None
     wall = time.time() - start

@@ -74,7 +74,9 @@ class RayLM(LM):
         return self.tokenizer.eos_token_id
 
     def get_model_info(self) -> dict[str, Any]:
-        return {"model_dtype": self.spec.dtype, **({"model_revision": self.spec.revision} if self.spec.revision else {})}
+        """What HFLM.get_model_info adds to results' config, as far as the driver knows it (no weights here)."""
+        info = {"model_dtype": self.spec.dtype}
+        return {**info, "model_revision": self.spec.revision} if self.spec.revision else info
 
     def loglikelihood(self, requests: list[Instance]) -> list[tuple[float, bool]]:
         """(summed log-probability of the continuation, whether it is the greedy decode) per (context,

@@ -4,10 +4,10 @@ Scored by raylm's real pipeline (lm-eval builds the requests, raylm's Encoder to
 lm-eval computes the metrics): prompts character for character, per-request loglikelihoods within the golden
 README's tolerance, identical per-document results (every metric lm-eval logs per document), every metric and
 stderr of tasks and groups to 1e-6 relative of lm-eval's. Zero-shot: all of ARC-Easy and PIQA's first 300 rows
-(the golden runs themselves), the first 40 documents of each MMLU subject (groups included) and 100 of BoolQ;
+(the golden runs themselves), the first 25 documents of each MMLU subject (groups included) and 100 of BoolQ;
 few-shot: MMLU 5-shot (first_n from dev, each subject's description) and ARC-Easy 3-shot (the default sampler
 drawing from the evaluated split, excluding the evaluated document) on their first documents; rolling: lm-eval's
-wikitext task (make/lmeval_tasks) on 8 pages. On a subset, lm-eval's numbers are those its metric code gives for
+wikitext task (make/lmeval_tasks) on 4 pages. On a subset, lm-eval's numbers are those its metric code gives for
 its own scores of the same documents (`--limit N` builds the first N documents' requests exactly as a full run).
 
 The metrics path alone (lm-eval's own scores in, lm-eval's own numbers out, bit for bit) is checked on every
@@ -57,11 +57,11 @@ FEW_SHOT = "lmeval-0.4.13_stories260K_fewshot.json"
 SCORED = {
     "arc_easy": Run(ZERO_SHOT, ("arc_easy_local",), None, None),
     "piqa": Run(ZERO_SHOT, ("piqa_local",), None, 300, 300),
-    "mmlu": Run(ZERO_SHOT, ("mmlu_local",), None, 40),
+    "mmlu": Run(ZERO_SHOT, ("mmlu_local",), None, 25),
     "boolq": Run(ZERO_SHOT, ("boolq_local",), None, 100),
     "mmlu-5shot": Run(FEW_SHOT, ("mmlu_local",), 5, 20),
-    "arc_easy-3shot": Run(FEW_SHOT, ("arc_easy_local",), 3, 100),
-    "wikitext": Run(ORIGINAL, ("wikitext_local",), 0, 8, tasks_dir="reference_tasks"),
+    "arc_easy-3shot": Run(FEW_SHOT, ("arc_easy_local",), 3, 60),
+    "wikitext": Run(ORIGINAL, ("wikitext_local",), 0, 4, tasks_dir="reference_tasks"),
 }
 GOLDEN_RUNS = {
     "arc_easy+boolq+mmlu": Run(ZERO_SHOT, ("arc_easy_local", "boolq_local", "mmlu_local"), None, None),

@@ -66,8 +66,8 @@ class Sweep:
         seeds = {} if self.seed is None else {"seed": self.seed, "random_seed": self.seed, "numpy_seed": self.seed,
                                                "torch_seed": self.seed}
         return EvalConfig(model.spec, self.tasks, self.data_dir, point.limit, point.num_fewshot,
-                          batch_size=point.batch_size, actors= self.actors_per_model, progress=False, num_gpus=self.num_gpus,
-                          include_path=self.include_path, log_samples=True, **seeds)
+                          batch_size=point.batch_size, actors=self.actors_per_model, progress=False,
+                          num_gpus=self.num_gpus, include_path=self.include_path, log_samples=True, **seeds)
 
 
 class _Reader:
