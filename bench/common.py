@@ -21,6 +21,8 @@ DATA = SHARED / "data"
 STORIES = DATA / "models" / "stories260K-hf"
 GPT2_TOKENIZER = DATA / "models" / "gpt2-tokenizer"
 LMEVAL_REF = SHARED / "golden" / "make" / "lmeval_ref.py"
+LMEVAL_HF_REF = SHARED / "golden" / "make" / "lmeval_hf_ref.py"  # lm-eval's own tasks, --include-path
+MK_LOCAL_TASKS = SHARED / "golden" / "make" / "mk_local_tasks.py"
 CACHE = Path(os.environ.get("RAYLM_BENCH_CACHE", "/tmp/raylm-bench"))
 
 
@@ -58,10 +60,11 @@ def timed(cmd: list[str], label: str) -> float:
     return wall
 
 
-def raylm_cmd(model: Path, tasks: str, limit: int | None, out: Path, actors: int = 1) -> list[str]:
+def raylm_cmd(model: Path, tasks: str, limit: int | None, out: Path, actors: int = 1,
+              extra: tuple[str, ...] = ()) -> list[str]:
     cmd = [sys.executable, "-m", "raylm", "eval", "--model", str(model), "--tasks", tasks, "--data-dir", str(DATA),
            "--output", str(out), "--log-samples", "--no-progress", "--dtype", "float32", "--device", "cpu",
-           "--actors", str(actors)]
+           "--actors", str(actors), *extra]
     return cmd + (["--limit", str(limit)] if limit else [])
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from raylm.corpus.read import DEFAULT_DOCS_PER_BATCH, FORMATS as CORPUS_FORMATS
 from raylm.results.atomic import write_atomic
 from raylm.errors import RaylmError, RemoteError
-from raylm.config import DEFAULT_FEWSHOT_SEED, EvalConfig
+from raylm.config import (DEFAULT_BOOTSTRAP_ITERS, DEFAULT_FEWSHOT_SEED, DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED,
+                          EvalConfig)
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.evaluate import evaluate
 from raylm.scoring.models import DTYPES, PLL_VARIANTS, SCORERS, ModelSpec
@@ -30,15 +31,34 @@ def _batch_size(text: str) -> int | None:
     return int(text)
 
 
+def _seeds(text: str) -> tuple[int | None, ...]:
+    """lm-eval's --seed: one integer for all four generators, or random,numpy,torch,fewshot ('None': unseeded)."""
+    try:
+        values = [None if v.strip().lower() == "none" else int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer or four comma-separated integers/None, got {text!r}") \
+            from None
+    if len(values) not in (1, 4):
+        raise argparse.ArgumentTypeError(f"must be one value or four (random,numpy,torch,fewshot), got {text!r}")
+    return tuple(values * 4 if len(values) == 1 else values)
+
+
+DEFAULT_SEEDS = (DEFAULT_RANDOM_SEED, DEFAULT_OTHER_SEED, DEFAULT_OTHER_SEED, DEFAULT_FEWSHOT_SEED)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raylm", description="Evaluate language models on Ray actors.")
     sub = parser.add_subparsers(dest="command", required=True)
-    ev = sub.add_parser("eval", help="score benchmark tasks (HellaSwag, WinoGrande, WikiText)")
+    ev = sub.add_parser("eval", help="score native and lm-evaluation-harness loglikelihood tasks")
     ev.add_argument("--demo", action="store_true", help="packaged stories260K model and data samples, offline")
     ev.add_argument("--model", help="hub id or local directory")
-    ev.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from: {', '.join(TASKS)}")
+    ev.add_argument("--tasks", default=",".join(TASKS),
+                    help=f"comma-separated: native ({', '.join(TASKS)}) or any lm-eval task, group, tag or pattern")
+    ev.add_argument("--include-path", type=Path, help="directory of your own lm-eval task YAMLs (lm-eval's flag)")
     ev.add_argument("--limit", type=int, help="first N documents of each task")
-    ev.add_argument("--num-fewshot", type=int, default=0)
+    ev.add_argument("--num-fewshot", type=int, help="few-shot examples (default: each lm-eval task's own; native 0)")
+    ev.add_argument("--bootstrap-iters", type=int, default=DEFAULT_BOOTSTRAP_ITERS,
+                    help="bootstrap draws for the stderr of lm-eval metrics that need them (0: no stderr)")
     ev.add_argument("--batch-size", type=_batch_size, default=None, help="'auto' (token budget) or N requests")
     ev.add_argument("--actors", type=int, help="scoring actors (default: one per GPU, or one on CPU)")
     ev.add_argument("--dtype", default="auto", choices=list(DTYPES))
@@ -52,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="directory for results.json and the checkpoint a rerun resumes from")
     ev.add_argument("--overwrite", action="store_true", help="discard results a different run left in --output")
     ev.add_argument("--log-samples", action="store_true", help="also write per-request samples as Parquet")
-    ev.add_argument("--seed", type=int, default=DEFAULT_FEWSHOT_SEED, help="few-shot sampler seed")
+    ev.add_argument("--seed", type=_seeds, default=DEFAULT_SEEDS,
+                    help="lm-eval's --seed: S for all of random,numpy,torch,fewshot, or four values "
+                         f"(default {','.join(map(str, DEFAULT_SEEDS))})")
     ev.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_REQUESTS, help="requests per shard")
     ev.add_argument("--no-progress", action="store_true")
     quant = ev.add_mutually_exclusive_group()
@@ -87,8 +109,11 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
     spec = ModelSpec(model, args.dtype, args.device, args.revision, args.trust_remote_code, args.allow_pickle,
                      quantization, args.scorer, args.pll)
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
-    return EvalConfig(spec, tasks, data_dir, args.limit, args.num_fewshot, args.seed, args.batch_size, args.actors,
-                      args.shard_size, not args.no_progress, args.output, args.overwrite, args.num_gpus)
+    random_seed, numpy_seed, torch_seed, fewshot_seed = args.seed
+    return EvalConfig(spec, tasks, data_dir, args.limit, args.num_fewshot, fewshot_seed, args.batch_size, args.actors,
+                      args.shard_size, not args.no_progress, args.output, args.overwrite, args.num_gpus,
+                      include_path=args.include_path, bootstrap_iters=args.bootstrap_iters, random_seed=random_seed,
+                      numpy_seed=numpy_seed, torch_seed=torch_seed, log_samples=args.log_samples)
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -223,6 +248,8 @@ def error_message(error: RaylmError, out: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # lm-eval narrates every task it loads and builds at INFO (57 of them for MMLU); its warnings still show.
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     try:
         return getattr(args, "run", run_eval)(args)

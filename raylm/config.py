@@ -11,19 +11,23 @@ from pathlib import Path
 from raylm.errors import RaylmError
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS
 from raylm.scoring.models import ModelSpec
-from raylm.tasks import get_task
+from raylm.tasks import TASKS
 
-DEFAULT_FEWSHOT_SEED = 1234  # lm-eval's default fewshot_random_seed
+# lm-eval's seeds (lm_eval.defaults): Python's `random` 0, numpy, torch and the few-shot sampler 1234.
+DEFAULT_RANDOM_SEED = 0
+DEFAULT_OTHER_SEED = 1234
+DEFAULT_FEWSHOT_SEED = DEFAULT_OTHER_SEED
+DEFAULT_BOOTSTRAP_ITERS = 100000  # lm_eval.simple_evaluate's default
 
 
 @dataclass(frozen=True)
 class EvalConfig:
     model: ModelSpec
-    tasks: tuple[str, ...]
+    tasks: tuple[str, ...]  # native names, or any lm-eval task, group, tag or pattern
     data_dir: Path | None = None
     limit: int | None = None
-    num_fewshot: int = 0
-    seed: int = DEFAULT_FEWSHOT_SEED
+    num_fewshot: int | None = None  # None: each lm-eval task's own default (native tasks: 0)
+    seed: int | None = DEFAULT_FEWSHOT_SEED  # the few-shot sampler's
     batch_size: int | None = None
     actors: int | None = None
     shard_requests: int = DEFAULT_SHARD_REQUESTS
@@ -32,15 +36,37 @@ class EvalConfig:
     overwrite: bool = False  # discard results a different run left in `output`
     num_gpus: float | None = None
     num_cpus: float | None = None  # CPUs per actor, replacements included (default: the node's CPUs shared out)
+    include_path: Path | None = None  # lm-eval's --include_path: a directory of the user's own task YAMLs
+    bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS
+    random_seed: int | None = DEFAULT_RANDOM_SEED  # lm-eval's seeding of Python's, numpy's and torch's generators
+    numpy_seed: int | None = DEFAULT_OTHER_SEED
+    torch_seed: int | None = DEFAULT_OTHER_SEED
+    log_samples: bool = False  # keep lm-eval's per-document samples for samples/<task>_docs.parquet
+
+    @property
+    def lmeval_tasks(self) -> tuple[str, ...]:
+        """The names lm-eval resolves: every name raylm does not implement natively."""
+        return tuple(name for name in self.tasks if name not in TASKS)
+
+    @property
+    def seeds(self) -> tuple[int | None, int | None, int | None, int | None]:
+        """lm-eval's four seeds: random, numpy, torch, few-shot."""
+        return self.random_seed, self.numpy_seed, self.torch_seed, self.seed
 
     def validate(self) -> None:
-        for name in self.tasks:
-            get_task(name)
         if not self.tasks:
             raise RaylmError("no tasks given")
+        if self.lmeval_tasks:
+            from raylm.tasks.lmeval.extra import require_lm_eval
+
+            require_lm_eval(self.lmeval_tasks)
+        if self.include_path is not None and not self.include_path.is_dir():
+            raise RaylmError(f"--include-path '{self.include_path}' is not a directory")
+        if self.bootstrap_iters < 0:
+            raise RaylmError(f"--bootstrap-iters must be 0 or more, got {self.bootstrap_iters}")
         if self.limit is not None and self.limit < 1:
             raise RaylmError(f"--limit must be a positive number of documents, got {self.limit}")
-        if self.num_fewshot < 0:
+        if self.num_fewshot is not None and self.num_fewshot < 0:
             raise RaylmError(f"--num-fewshot must be 0 or more, got {self.num_fewshot}")
         if self.actors is not None and self.actors < 1:
             raise RaylmError(f"--actors must be at least 1, got {self.actors}")

@@ -1,13 +1,16 @@
-"""The driver's whole job, top to bottom: rows -> requests -> shards -> actors -> sums -> metrics."""
+"""The driver's whole job, top to bottom: rows (or lm-eval's tasks) -> requests -> shards -> actors -> sums ->
+metrics."""
 
 from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -17,7 +20,7 @@ from raylm.config import EvalConfig
 from raylm.errors import RaylmError
 from raylm.requests.encoding import Encoder, resolve_max_length
 from raylm.requests.masked import MaskedEncoder, masked_max_length
-from raylm.requests.shards import ScoredShard, Shard, make_shards
+from raylm.requests.shards import LMEVAL_KIND, ScoredShard, Shard, make_shards
 from raylm.requests.table import build_requests
 from raylm.results.checkpoint import Checkpoint, fingerprint
 from raylm.results.metrics import choice_metrics, rolling_metrics
@@ -29,6 +32,10 @@ from raylm.scoring.models import (ModelSpec, check_model_path, load_config, load
 from raylm.tasks import ChoiceDoc, get_task
 from raylm.tasks.base import with_fewshot
 
+if TYPE_CHECKING:
+    from raylm.tasks.lmeval.build import Built
+    from raylm.tasks.lmeval.names import Selection
+
 log = logging.getLogger(__name__)
 
 # One tokenizer per model for the driver's lifetime: a sweep or soak evaluating the same model again and again
@@ -37,13 +44,16 @@ driver_tokenizer = functools.lru_cache(maxsize=4)(load_tokenizer)
 
 
 TaskDocs = dict[str, tuple[list, int]]  # task -> (documents to score, document count before --limit)
+Tables = dict[str, tuple[str, pa.Table]]  # task -> (kind, request table), native and lm-eval tasks alike
 
 
 def load_task_docs(cfg: EvalConfig) -> TaskDocs:
-    """Every task's documents (few-shot examples attached), read and validated before any Ray work starts, so
-    that bad data fails at once with its file, row and field."""
+    """Every native task's documents (few-shot examples attached), read and validated before any Ray work starts,
+    so that bad data fails at once with its file, row and field."""
     out: TaskDocs = {}
     for name in cfg.tasks:
+        if name in cfg.lmeval_tasks:
+            continue
         task = get_task(name)
         docs = task.load_docs(cfg.data_dir)
         if not docs:
@@ -61,17 +71,47 @@ def load_task_docs(cfg: EvalConfig) -> TaskDocs:
     return out
 
 
-def encode_task_requests(docs: TaskDocs, encoder: Encoder | MaskedEncoder) -> dict[str, tuple[str, pa.Table]]:
-    """Every task's requests as an Arrow table of token ids."""
+def select_lmeval(cfg: EvalConfig) -> Selection | None:
+    """The lm-eval names resolved from lm-eval's index alone (no data read): unknown names and task types raylm
+    cannot score fail here, before Ray starts. None when every name is native: lm-eval is never imported."""
+    if not cfg.lmeval_tasks:
+        return None
+    from raylm.tasks.lmeval.names import select
+
+    selection = select(cfg.lmeval_tasks, cfg.include_path)
+    _refuse_native_clash(cfg, selection.leaves)
+    return selection
+
+
+def _refuse_native_clash(cfg: EvalConfig, lmeval_tasks: Iterable[str]) -> None:
+    clash = sorted((set(cfg.tasks) - set(cfg.lmeval_tasks)) & set(lmeval_tasks))
+    if clash:
+        raise RaylmError(f"{', '.join(clash)}: asked for as a native task and also reached through lm-eval's "
+                         f"{', '.join(cfg.lmeval_tasks)}; results would share a name (use the lm-eval task alone, "
+                         "or rename it)")
+
+
+def encode_task_requests(docs: TaskDocs, encoder: Encoder | MaskedEncoder) -> Tables:
+    """Every native task's requests as an Arrow table of token ids."""
     return {name: (get_task(name).kind, build_requests(get_task(name), task_docs, encoder))
             for name, (task_docs, _) in docs.items()}
 
 
-def build_task_requests(cfg: EvalConfig, encoder: Encoder | MaskedEncoder
-                        ) -> tuple[dict[str, tuple[str, pa.Table]], dict[str, int]]:
-    """Every task's requests, plus each task's document count before --limit (benchmarks and tests)."""
+def build_task_requests(cfg: EvalConfig, encoder: Encoder | MaskedEncoder) -> tuple[Tables, dict[str, int]]:
+    """Every native task's requests, plus each task's document count before --limit (benchmarks and tests)."""
     docs = load_task_docs(cfg)
     return encode_task_requests(docs, encoder), {name: original for name, (_, original) in docs.items()}
+
+
+def build_lmeval_requests(cfg: EvalConfig, selection: Selection, encoder: Encoder | MaskedEncoder
+                          ) -> tuple[Built, Tables]:
+    """lm-eval's tasks loaded, their requests built in lm-eval's order and seeding, and tokenised into tables."""
+    from raylm.requests.lmeval import request_tables
+    from raylm.tasks.lmeval.build import load_and_build
+
+    built = load_and_build(selection, cfg.seeds, cfg.num_fewshot, cfg.limit)
+    _refuse_native_clash(cfg, built.tasks["tasks"])
+    return built, {name: (LMEVAL_KIND, table) for name, table in request_tables(built, encoder).items()}
 
 
 def driver_encoder(spec: ModelSpec) -> Encoder | MaskedEncoder:
@@ -99,9 +139,35 @@ def scored_spec(spec: ModelSpec, encoder: Encoder | MaskedEncoder) -> ModelSpec:
     return replace(spec, scorer="mlm" if isinstance(encoder, MaskedEncoder) else "causal")
 
 
-def _tokenise(spec: ModelSpec, docs: TaskDocs) -> tuple[Encoder | MaskedEncoder, dict[str, tuple[str, pa.Table]]]:
-    encoder = driver_encoder(spec)
-    return encoder, encode_task_requests(docs, encoder)
+class _RayStarted:
+    """Opened once Ray is up and the actors are asked for. lm-eval's tasks load and build only then: Ray draws
+    from Python's global `random` while it starts (ports, ids), and lm-eval's documented order is to seed that
+    generator and then load, so nothing may draw from it in between."""
+
+    def __init__(self, started: bool):
+        self._event = threading.Event()
+        self.failed = False
+        if started:
+            self._event.set()
+
+    def open(self, failed: bool) -> None:
+        self.failed = failed
+        self._event.set()
+
+    def wait(self) -> bool:
+        self._event.wait()
+        return not self.failed
+
+
+def _tokenise(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_started: _RayStarted
+              ) -> tuple[Encoder | MaskedEncoder, Tables, Built | None]:
+    encoder = driver_encoder(cfg.model)
+    tables = encode_task_requests(docs, encoder)
+    built = None
+    if selection is not None and ray_started.wait():
+        built, lmeval_tables = build_lmeval_requests(cfg, selection, encoder)
+        tables.update(lmeval_tables)
+    return encoder, tables, built
 
 
 def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
@@ -119,13 +185,20 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
     # One commit for the driver's tokenizer, every actor (replacements too) and the checkpoint's fingerprint.
     cfg = replace(cfg, model=pin_revision(cfg.model))
     docs = load_task_docs(cfg)
+    selection = select_lmeval(cfg)
+    ray_started = _RayStarted(actors is not None)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="raylm-tokenise") as tokenising:
-        # Tokenising on a thread while Ray starts and the actors load their models: on a small machine these
-        # fixed costs are most of a short run's wall time, and they do not depend on each other.
-        encoded = tokenising.submit(_tokenise, cfg.model, docs)
-        launched = _launch(cfg) if actors is None else None
+        # Tokenising (and building lm-eval's requests) on a thread while Ray starts and the actors load their
+        # models: on a small machine these fixed costs are most of a short run's wall time, and they do not
+        # depend on each other.
+        encoded = tokenising.submit(_tokenise, cfg, docs, selection, ray_started)
+        launched = None
         try:
-            encoder, tables = encoded.result()
+            launched = _launch(cfg) if actors is None else None
+        finally:
+            ray_started.open(failed=actors is None and launched is None)
+        try:
+            encoder, tables, built = encoded.result()
             shards = make_shards(tables, cfg.shard_requests)
             checkpoint = None
             if cfg.output is not None:
@@ -158,8 +231,14 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
         if table.num_rows != requests.num_rows:
             raise RaylmError(f"{name}: {table.num_rows} results for {requests.num_rows} requests")
         sums = merge([s.sums for s in mine])
-        metrics = rolling_metrics(sums) if kind == "rolling" else choice_metrics(sums, get_task(name).choice_metrics)
-        results[name] = TaskResult(name, kind, metrics, sums, docs[name][1], table)
+        if kind == LMEVAL_KIND:
+            metrics, original = {}, 0  # lm-eval's, filled in below
+        elif kind == "rolling":
+            metrics, original = rolling_metrics(sums), docs[name][1]
+        else:
+            metrics, original = choice_metrics(sums, get_task(name).choice_metrics), docs[name][1]
+        results[name] = TaskResult(name, kind, metrics, sums, original, table)
+    lmeval = _lmeval_results(cfg, built, tables, results) if built is not None else None
     wall = time.time() - start
     scorer = scored_spec(cfg.model, encoder).scorer
     extra = {"scorer": scorer, "pll": cfg.model.pll if scorer == "mlm" else None,
@@ -169,7 +248,23 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
              "shards_resumed": resumed, "actors_replaced": report.replaced, "ray_gcs_address": gcs_address(),
              "model_commit": None if looks_local(cfg.model.path) else cfg.model.revision}
     log.info("%s", run_summary(extra, wall))
-    return EvalResult(asked, results, wall, extra)
+    return EvalResult(asked, results, wall, extra, lmeval)
+
+
+def _lmeval_results(cfg: EvalConfig, built: Built, tables: Tables, results: dict[str, TaskResult]) -> dict[str, Any]:
+    """lm-eval's results for its tasks, from their scores, through lm-eval itself; each task's metrics and
+    document count also go on its TaskResult."""
+    from raylm.results.lmeval import results as lmeval_results, task_scores
+
+    scores = {}
+    for name in built.tasks["tasks"]:
+        scores.update(task_scores(name, built.output_type(name), tables[name][1], results[name].scored))
+    out = lmeval_results(built, scores, cfg.bootstrap_iters, cfg.log_samples)
+    for name in built.tasks["tasks"]:
+        results[name].metrics = {k: v for k, v in out["results"][name].items()
+                                 if k not in ("name", "alias", "sample_len")}
+        results[name].n_docs_original = out["n-samples"][name]["original"]
+    return out
 
 
 def _launch(cfg: EvalConfig) -> LaunchedActors:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,14 @@ GPT2_TOKENIZER = DATA / "models" / "gpt2-tokenizer"
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ.pop("RAY_ADDRESS", None)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# What lm-eval tasks write outside --output (the datasets cache, raylm's copy of lm-eval's task index) goes to a
+# directory of this test session, shared by its CLI subprocesses, so the index is built once per session.
+_SESSION_CACHE = Path(tempfile.mkdtemp(prefix="raylm-test-cache-"))
+atexit.register(shutil.rmtree, _SESSION_CACHE, True)
+os.environ.setdefault("HF_DATASETS_CACHE", str(_SESSION_CACHE / "hf-datasets"))
+os.environ.setdefault("RAYLM_CACHE_DIR", str(_SESSION_CACHE / "raylm"))
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +44,16 @@ def tiny_gpt2(tmp_path_factory) -> Path:
     GPT2LMHeadModel(config).save_pretrained(path)
     AutoTokenizer.from_pretrained(GPT2_TOKENIZER).save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def local_tasks(tmp_path_factory) -> Path:
+    """lm-eval's own task YAMLs with their data pointed at the offline mirror (arc_easy_local, boolq_local,
+    piqa_local, mmlu_*_local and the mmlu_local groups), as a user passes them with --include-path."""
+    out = tmp_path_factory.mktemp("local-tasks")
+    subprocess.run([sys.executable, str(SHARED / "golden" / "make" / "mk_local_tasks.py"), str(DATA / "hf"), str(out)],
+                   check=True, capture_output=True, timeout=300)
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -38,8 +38,9 @@ def test_demo_writes_results_and_samples(tmp_path):
     assert set(results["results"]) == {"hellaswag", "winogrande", "wikitext"}
     for key in ("acc,none", "acc_stderr,none", "acc_norm,none", "acc_norm_stderr,none"):
         assert 0 <= results["results"]["hellaswag"][key] <= 1
-    for key in ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none", "token_perplexity,none"):
+    for key in ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"):
         assert results["results"]["wikitext"][key] > 0
+    assert results["token_perplexity"]["wikitext"] > 0  # raylm's extra, where lm-eval's tools do not look
     assert results["n-samples"]["hellaswag"] == {"original": 300, "effective": 10}
     assert results["config"]["versions"]["ray"]
     assert results["config"]["wall_time_s"] > 0

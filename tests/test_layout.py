@@ -27,6 +27,7 @@ ALLOWED = {
     "probe": {"data", "results", "scoring"},
     "cli": {"cluster", "config", "corpus", "data", "evaluate", "probe", "requests", "results", "scoring", "sweep",
             "tasks"},
+    "lm_eval": {"cluster", "requests", "scoring", "tasks"},
     "__main__": {"cli"},
 }
 RAY_USERS = {"cluster", "corpus"}

@@ -9,6 +9,9 @@ import numpy as np
 import pyarrow as pa
 
 DEFAULT_SHARD_REQUESTS = 512
+# The kind of an lm-eval task's shards: its rows are lm-eval requests (or rolling windows of one), whose metrics
+# lm-eval computes from the scores on the driver; a shard reduces only to NLL and token sums.
+LMEVAL_KIND = "lmeval"
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,11 @@ def rolling_metrics(sums: dict[str, float]) -> dict[str, float]:
                                                    "token_perplexity")}
 
 
+def token_perplexity(sums: dict[str, float]) -> float:
+    """exp(NLL per scored token) of a task's summed rows: raylm's extra for rolling tasks."""
+    return math.exp(_ratio(sums["nll"], sums["tokens"]))
+
+
 def ppl_metrics(sums: dict[str, float]) -> dict[str, float]:
     return {**sums, **perplexities(sums["nll_sum"], sums)}
 

@@ -1,4 +1,10 @@
-"""Final results -> results.json (lm-eval's shape), per-request samples as Parquet, and a printed table."""
+"""Final results -> results.json (lm-eval's shape), per-request samples as Parquet, and a printed table.
+
+results.json has lm-eval's full shape for native and lm-eval tasks alike (results, groups, group_subtasks,
+configs, versions, n-shot, higher_is_better, n-samples, config), so lm-eval's own tools read it
+(`lm_eval.utils.make_table` prints it); raylm's extras sit under keys lm-eval ignores (`sums`,
+`token_perplexity`, and `config`'s wall time, shards, versions and the rest).
+"""
 
 from __future__ import annotations
 
@@ -18,9 +24,12 @@ import pyarrow.parquet as pq
 import raylm
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
+from raylm.requests.shards import LMEVAL_KIND
 from raylm.results.atomic import write_atomic
+from raylm.results.native import lmeval_shape
 from raylm.results.ownership import tagged
 from raylm.results.predictions import choice_predictions
+from raylm.results.metrics import token_perplexity
 from raylm.scoring.models import ModelSpec
 
 
@@ -47,6 +56,7 @@ class EvalResult:
     tasks: dict[str, TaskResult]
     wall_s: float
     extra: dict[str, object] = field(default_factory=dict)
+    lmeval: dict[str, Any] | None = None  # lm-eval's results dict for its tasks (samples when log_samples)
 
 
 def run_config(model: ModelSpec, wall_s: float, **fields: object) -> dict[str, Any]:
@@ -54,22 +64,46 @@ def run_config(model: ModelSpec, wall_s: float, **fields: object) -> dict[str, A
     versions of what computed it."""
     versions = {"raylm": raylm.__version__, **{name: metadata.version(name) for name in VERSIONED},
                 "python": platform.python_version()}
-    return {"model": model.path, "model_args": model.as_dict(), **fields, "wall_time_s": wall_s,
+    # lm-eval's model_args are strings and numbers: settings left at None are left out.
+    model_args = {key: value for key, value in model.as_dict().items() if value is not None}
+    return {"model": model.path, "model_args": model_args, **fields, "wall_time_s": wall_s,
             "versions": versions}
 
 
 def results_dict(result: EvalResult) -> dict[str, Any]:
     cfg = result.config
+    ours = lmeval_shape({n: t for n, t in result.tasks.items() if t.kind != LMEVAL_KIND}, cfg)
+    theirs = result.lmeval or {}
+
+    def merged(key: str, ordered: bool = False) -> dict[str, Any]:
+        """Sorted by name (as lm-eval sorts these), or in the order the tasks were asked for: each native task in
+        its place, lm-eval's block (its tasks, then its groups) where the first lm-eval name was."""
+        if ordered:
+            return dict(sorted({**ours.get(key, {}), **theirs.get(key, {})}.items()))
+        out: dict[str, Any] = {}
+        for name in cfg.tasks:
+            out.update({name: ours[key][name]} if name in ours.get(key, {}) else theirs.get(key, {}))
+        return out
+
     return {
-        "results": {name: {"alias": name, **t.metrics} for name, t in result.tasks.items()},
-        "n-samples": {name: {"original": t.n_docs_original, "effective": int(t.sums["docs"])}
-                      for name, t in result.tasks.items()},
-        "sums": {name: t.sums for name, t in result.tasks.items()},
+        "results": merged("results"),
+        **({"groups": theirs["groups"]} if theirs.get("groups") else {}),
+        "group_subtasks": theirs.get("group_subtasks", {}),
+        "configs": merged("configs", ordered=True),  # sorted, as lm-eval writes these four
+        "versions": merged("versions", ordered=True),
+        "n-shot": merged("n-shot", ordered=True),
+        "higher_is_better": merged("higher_is_better", ordered=True),
+        "n-samples": merged("n-samples"),
         "config": run_config(
             cfg.model, result.wall_s, dtype=cfg.model.dtype, quantization=cfg.model.quantization,
             num_gpus=cfg.num_gpus, num_cpus=cfg.num_cpus, tasks=list(cfg.tasks), limit=cfg.limit,
-            num_fewshot=cfg.num_fewshot, seed=cfg.seed, batch_size=cfg.batch_size or "auto", actors=cfg.actors,
-            data_dir=str(cfg.data_dir or "hub"), **result.extra),
+            num_fewshot=cfg.num_fewshot, batch_size=cfg.batch_size or "auto", actors=cfg.actors,
+            data_dir=str(cfg.data_dir or "hub"), include_path=str(cfg.include_path) if cfg.include_path else None,
+            bootstrap_iters=cfg.bootstrap_iters, random_seed=cfg.random_seed, numpy_seed=cfg.numpy_seed,
+            torch_seed=cfg.torch_seed, fewshot_seed=cfg.seed, **result.extra),
+        "sums": {name: t.sums for name, t in result.tasks.items()},
+        "token_perplexity": {name: token_perplexity(t.sums) for name, t in result.tasks.items()
+                             if _is_rolling(result, name)},
     }
 
 
@@ -82,6 +116,13 @@ def prefix_sharing(verdicts: Iterable[str | None]) -> str | list[str] | None:
         fell_back = verdict.startswith("unpacked (start-up check")
         log.log(logging.WARNING if fell_back else logging.INFO, "prefix sharing: %s", verdict)
     return distinct[0] if len(distinct) == 1 else distinct or None
+
+
+def _is_rolling(result: EvalResult, name: str) -> bool:
+    kind = result.tasks[name].kind
+    if kind == LMEVAL_KIND:
+        return result.lmeval["configs"][name].get("output_type") == "loglikelihood_rolling"
+    return kind == "rolling"
 
 
 def run_summary(extra: dict[str, object], wall_s: float) -> str:
@@ -104,10 +145,14 @@ def prepare_output(out_dir: Path) -> None:
 
 
 def write_samples(out_dir: Path, result: EvalResult) -> None:
-    """samples/<task>.parquet per request; samples/<task>_docs.parquet per document for multiple choice."""
+    """samples/<task>.parquet per request; samples/<task>_docs.parquet per document for multiple choice and, with
+    lm-eval's logged samples, for every lm-eval task."""
     for name, task in result.tasks.items():
         path = out_dir / "samples" / f"{name}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
+        if task.kind == LMEVAL_KIND:
+            _write_lmeval_samples(out_dir, result, name)
+            continue
         pq.write_table(tagged(task.scored), path)
         if task.kind == "multiple_choice":
             p = choice_predictions(task.scored)
@@ -116,13 +161,45 @@ def write_samples(out_dir: Path, result: EvalResult) -> None:
             pq.write_table(tagged(docs), out_dir / "samples" / f"{name}_docs.parquet")
 
 
+def _write_lmeval_samples(out_dir: Path, result: EvalResult, name: str) -> None:
+    from raylm.results.lmeval_samples import docs_table, requests_table
+
+    samples = (result.lmeval or {}).get("samples")
+    if samples is None:
+        raise RaylmError(f"{name}: lm-eval's samples were not kept (run with log_samples)")
+    pq.write_table(tagged(requests_table(name, samples[name], result.tasks[name].scored)),
+                   out_dir / "samples" / f"{name}.parquet")
+    pq.write_table(tagged(docs_table(samples[name])), out_dir / "samples" / f"{name}_docs.parquet")
+
+
+def results_json(result: EvalResult) -> str:
+    """The results.json text; lm-eval's configs hold values only its own serialiser knows (numpy scalars, sets)."""
+    if result.lmeval is not None:
+        from lm_eval.utils import handle_non_serializable
+
+        return json.dumps(results_dict(result), indent=2, default=handle_non_serializable, ensure_ascii=False)
+    return json.dumps(results_dict(result), indent=2, default=str)
+
+
 def write_results(out_dir: Path, result: EvalResult) -> Path:
     path = out_dir / "results.json"
-    write_atomic(path, json.dumps(results_dict(result), indent=2, default=str).encode())
+    write_atomic(path, results_json(result).encode())
     return path
 
 
 def format_table(result: EvalResult) -> str:
+    """lm-eval's own tables (make_table: tasks, then groups with their subtasks indented), or raylm's plain one
+    where lm-eval is not installed; then the run's summary line."""
+    try:
+        from lm_eval.utils import make_table
+    except ImportError:
+        return _plain_table(result)
+    shown = results_dict(result)
+    tables = [make_table(shown)] + ([make_table(shown, "groups")] if "groups" in shown else [])
+    return "\n".join([*tables, run_summary(result.extra, result.wall_s)])
+
+
+def _plain_table(result: EvalResult) -> str:
     lines = [f"{'task':<12} {'metric':<18} {'value':>14} {'stderr':>10}  n"]
     for name, task in result.tasks.items():
         for key, value in task.metrics.items():

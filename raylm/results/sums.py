@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pyarrow as pa
 
+from raylm.requests.shards import LMEVAL_KIND
 from raylm.results.predictions import choice_predictions
 
 CORPUS_COUNTS = ("tokens", "words", "bytes", "chars")
@@ -19,7 +20,13 @@ _KL_COLUMNS = {"kl_sum": "kl", "nll_sum_p": "nll_p", "nll_sum_q": "nll_q"}
 
 
 def shard_sums(kind: str, scored: pa.Table) -> dict[str, float]:
-    """A shard's prediction counts (multiple choice) or NLL and unit counts (rolling text)."""
+    """A shard's prediction counts (multiple choice), NLL and unit counts (rolling text), or NLL and counts of an
+    lm-eval task's rows (whose metrics lm-eval computes from the scores themselves)."""
+    if kind == LMEVAL_KIND:
+        return {"docs": len(np.unique(scored["doc_id"].to_numpy())),
+                "requests": int((scored["window"].to_numpy() == 0).sum()),
+                "nll": -math.fsum(scored["loglikelihood"].to_numpy()),
+                "tokens": int(scored["continuation_tokens"].to_numpy().sum())}
     if kind == "multiple_choice":
         p = choice_predictions(scored)
         return {"docs": len(p.doc_id), "correct": int((p.pred == p.gold).sum()),

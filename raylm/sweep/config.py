@@ -2,7 +2,9 @@
 
 The YAML is composed into nodes rather than loaded, so each value still knows the line it came from; values
 are built with yaml's safe constructor only. Settings that change the weights in memory (dtype, quantization)
-multiply the models; the rest (num_fewshot, limit, batch_size) multiply the points each model runs.
+multiply the models; the rest (num_fewshot, limit, batch_size) multiply the points each model runs. Task names
+are those of `raylm eval --tasks` (native, or any lm-eval task, group or tag, with `include_path` as its
+--include-path), checked against lm-eval's index before anything runs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from raylm.config import DEFAULT_FEWSHOT_SEED, EvalConfig
+from raylm.config import EvalConfig
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.data.yaml_nodes import NodeReader, compose_file
 from raylm.errors import RaylmError
@@ -25,7 +27,8 @@ from raylm.scoring.models import PLL_VARIANTS, QUANTIZATIONS, SCORERS, ModelSpec
 from raylm.tasks import TASKS
 
 PACKAGED = "raylm:demo"  # the packaged stories260K model (as a model path) or the packaged data (as data_dir)
-TOP_KEYS = ("models", "tasks", "settings", "data_dir", "seed", "device", "actors_per_model", "num_gpus", "num_cpus")
+TOP_KEYS = ("models", "tasks", "settings", "data_dir", "include_path", "seed", "device", "actors_per_model", "num_gpus",
+            "num_cpus")
 MODEL_KEYS = ("path", "name", "dtype", "load_in_4bit", "load_in_8bit", "revision", "scorer", "pll")
 SETTING_KEYS = ("num_fewshot", "limit", "batch_size", "dtype", "quantization")
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -42,7 +45,7 @@ class SweepModel:
 @dataclass(frozen=True)
 class SweepPoint:
     name: str
-    num_fewshot: int
+    num_fewshot: int | None  # None: each lm-eval task's own default (native tasks: 0)
     limit: int | None
     batch_size: int | None
 
@@ -54,14 +57,18 @@ class Sweep:
     points: tuple[SweepPoint, ...]
     tasks: tuple[str, ...]
     data_dir: Path | None
-    seed: int = DEFAULT_FEWSHOT_SEED
+    seed: int | None = None  # lm-eval's --seed S (all four of its seeds); None keeps lm-eval's defaults
     actors_per_model: int = 1
     num_gpus: float | None = None
     num_cpus: float | None = None
+    include_path: Path | None = None
 
     def config(self, model: SweepModel, point: SweepPoint) -> EvalConfig:
-        return EvalConfig(model.spec, self.tasks, self.data_dir, point.limit, point.num_fewshot, self.seed,
-                          point.batch_size, self.actors_per_model, progress=False, num_gpus=self.num_gpus)
+        seeds = {} if self.seed is None else {"seed": self.seed, "random_seed": self.seed, "numpy_seed": self.seed,
+                                               "torch_seed": self.seed}
+        return EvalConfig(model.spec, self.tasks, self.data_dir, point.limit, point.num_fewshot,
+                          batch_size=point.batch_size, actors=self.actors_per_model, progress=False,
+                          num_gpus=self.num_gpus, include_path=self.include_path, log_samples=True, **seeds)
 
 
 def load_sweep(path: Path) -> Sweep:
@@ -77,10 +84,11 @@ def load_sweep(path: Path) -> Sweep:
     base = path.resolve().parent
     grid = r.mapping(top["settings"], "settings", SETTING_KEYS) if "settings" in top else {}
     models = _models(r, top["models"], grid, base, _device(r, top))
+    include_path = _directory(r, top["include_path"], base, "include_path") if "include_path" in top else None
     sweep = Sweep(
-        source=path, models=models, points=_points(r, grid), tasks=_tasks(r, top["tasks"]),
-        data_dir=_data_dir(r, top["data_dir"], base) if "data_dir" in top else None,
-        seed=r.typed(top["seed"], "seed", int, "an integer") if "seed" in top else DEFAULT_FEWSHOT_SEED,
+        source=path, models=models, points=_points(r, grid), tasks=_tasks(r, top["tasks"], include_path),
+        data_dir=_data_dir(r, top["data_dir"], base) if "data_dir" in top else None, include_path=include_path,
+        seed=r.typed(top["seed"], "seed", int, "an integer") if "seed" in top else None,
         actors_per_model=_positive(r, top, "actors_per_model", int, 1),
         num_gpus=_positive(r, top, "num_gpus", (int, float), None, allow_zero=True),
         num_cpus=_positive(r, top, "num_cpus", (int, float), None),
@@ -110,20 +118,40 @@ def _device(r: NodeReader, top: dict[str, yaml.Node]) -> str:
     return r.checked(top["device"], "device", check_device, r.typed(top["device"], "device", str, "a string"))
 
 
-def _tasks(r: NodeReader, node: yaml.Node) -> tuple[str, ...]:
-    tasks = []
-    for item, name in r.values(node, "tasks"):
-        if name not in TASKS:
-            raise r.fail(item, "tasks", f"unknown task {name!r} (use {', '.join(TASKS)})")
-        tasks.append(name)
-    return tuple(tasks)
+def _tasks(r: NodeReader, node: yaml.Node, include_path: Path | None) -> tuple[str, ...]:
+    """Native names, and lm-eval names resolved as `raylm eval` resolves them, each error at its item's line."""
+    items = [(item, r.typed(item, "tasks", str, "a task name")) for item, _ in r.values(node, "tasks")]
+    native = {name for _, name in items if name in TASKS}
+    lmeval = [(item, name) for item, name in items if name not in TASKS]
+    if lmeval:
+        from raylm.tasks.lmeval.extra import require_lm_eval
+
+        r.checked(lmeval[0][0], "tasks", require_lm_eval, [name for _, name in lmeval])
+    for item, name in lmeval:
+        clash = sorted(native & set(_lmeval_leaves(r, item, name, include_path)))
+        if clash:
+            raise r.fail(item, "tasks", f"{name!r} reaches {', '.join(clash)}, also asked for as a native task")
+    return tuple(name for _, name in items)
+
+
+def _lmeval_leaves(r: NodeReader, item: yaml.Node, name: str, include_path: Path | None) -> list[str]:
+    from raylm.tasks.lmeval.names import select
+
+    try:
+        return select([name], include_path).leaves
+    except RaylmError as e:
+        raise r.fail(item, "tasks", str(e)) from e
 
 
 def _data_dir(r: NodeReader, node: yaml.Node, base: Path) -> Path:
     value = r.typed(node, "data_dir", str, "a directory")
-    path = DEMO_DATA if value == PACKAGED else (base / Path(value).expanduser()).resolve()
+    return DEMO_DATA if value == PACKAGED else _directory(r, node, base, "data_dir")
+
+
+def _directory(r: NodeReader, node: yaml.Node, base: Path, key: str) -> Path:
+    path = (base / Path(r.typed(node, key, str, "a directory")).expanduser()).resolve()
     if not path.is_dir():
-        raise r.fail(node, "data_dir", f"directory '{path}' does not exist")
+        raise r.fail(node, key, f"directory '{path}' does not exist")
     return path
 
 
@@ -211,18 +239,20 @@ def _default_name(spec: ModelSpec) -> str:
 
 
 def _points(r: NodeReader, grid: dict[str, yaml.Node]) -> tuple[SweepPoint, ...]:
-    shots = [_count(r, n, v, "settings.num_fewshot", 0)
-             for n, v in r.values(grid["num_fewshot"], "settings.num_fewshot")] if "num_fewshot" in grid else [0]
+    shots = [None if v is None else _count(r, n, v, "settings.num_fewshot", 0)
+             for n, v in r.values(grid["num_fewshot"], "settings.num_fewshot")] if "num_fewshot" in grid else [None]
     limits = [None if v is None else _count(r, n, v, "settings.limit", 1)
               for n, v in r.values(grid["limit"], "settings.limit")] if "limit" in grid else [None]
     batches = [None if v == "auto" else _count(r, n, v, "settings.batch_size", 1)
                for n, v in r.values(grid["batch_size"], "settings.batch_size")] if "batch_size" in grid else [None]
-    return tuple(SweepPoint(f"{k}shot-limit{limit or 'all'}-batch{batch or 'auto'}", k, limit, batch)
+    return tuple(SweepPoint(f"{'default' if k is None else k}shot-limit{limit or 'all'}-batch{batch or 'auto'}", k,
+                            limit, batch)
                  for k, limit, batch in itertools.product(shots, limits, batches))
 
 
 def _count(r: NodeReader, node: yaml.Node, value: Any, key: str, minimum: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        extra = " or 'auto'" if key.endswith("batch_size") else " or null (all)" if key.endswith("limit") else ""
+        extra = " or 'auto'" if key.endswith("batch_size") else " or null (all)" if key.endswith("limit") else \
+            " or null (each task's default)" if key.endswith("num_fewshot") else ""
         raise r.fail(node, key, f"must be an integer >= {minimum}{extra}, got {value!r}")
     return value

@@ -30,7 +30,7 @@ def _pyplot():
 def plot_metrics(sweep: Sweep, rows: list[Row], path: Path) -> None:
     """One panel per task metric; in each, a group of bars per point, one bar per model, stderr as error bars."""
     plt = _pyplot()
-    metrics = headline_metrics(sweep, rows)
+    metrics = headline_metrics(rows)
     models = [m.name for m in sweep.models]
     points = [p.name for p in sweep.points]
     cols = min(3, len(metrics))

@@ -24,7 +24,7 @@ from raylm.scoring.models import check_model_path
 from raylm.sweep.config import Sweep, SweepModel, SweepPoint
 from raylm.sweep.plots import METRICS_PNG, plot_metrics, plot_norm_scores
 from raylm.sweep.summary import SUMMARY_CSV, SUMMARY_MD, collect, summary_csv, summary_markdown
-from raylm.tasks import get_task
+from raylm.tasks import TASKS, get_task
 
 log = logging.getLogger(__name__)
 
@@ -114,14 +114,15 @@ def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], out: P
 
 
 def write_reports(sweep: Sweep, out: Path) -> list[Path]:
-    """summary.csv, summary.md, metrics.png and a score histogram per multiple-choice task, over all points."""
+    """summary.csv, summary.md, metrics.png and a score histogram per native multiple-choice task, over all
+    points."""
     rows = collect(sweep, out)
     paths = [out / SUMMARY_CSV, out / SUMMARY_MD, out / METRICS_PNG]
-    write_atomic(paths[0], summary_csv(sweep, rows).encode())
-    write_atomic(paths[1], summary_markdown(sweep, rows).encode())
+    write_atomic(paths[0], summary_csv(rows).encode())
+    write_atomic(paths[1], summary_markdown(rows).encode())
     plot_metrics(sweep, rows, paths[2])
     for task in sweep.tasks:
-        if get_task(task).kind == "multiple_choice":
+        if task in TASKS and get_task(task).kind == "multiple_choice":  # native: its requests carry norm_len
             paths.append(out / f"{task}_norm_scores.png")
             plot_norm_scores(task, rows, paths[-1])
     return paths

@@ -29,8 +29,16 @@ class Row:
     results: dict[str, Any]
 
     def metric(self, task: str, metric: str) -> tuple[float | None, float | None]:
+        """The metric and its stderr, None where there is no number (lm-eval writes "N/A" for a missing stderr)."""
         values = self.results["results"].get(task, {})
-        return values.get(f"{metric},none"), values.get(f"{metric}_stderr,none")
+        return tuple(v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+                     for v in (values.get(f"{metric},none"), values.get(f"{metric}_stderr,none")))
+
+    def reported(self) -> list[str]:
+        """Tasks and groups in results.json order, less the subtasks a group reports for them (an MMLU run's
+        headline is mmlu, not its 57 subjects)."""
+        inside = {child for children in self.results.get("group_subtasks", {}).values() for child in children}
+        return [name for name in self.results["results"] if name not in inside]
 
 
 def collect(sweep: Sweep, out: Path) -> list[Row]:
@@ -42,19 +50,20 @@ def collect(sweep: Sweep, out: Path) -> list[Row]:
     return rows
 
 
-def all_metrics(sweep: Sweep, rows: list[Row]) -> list[tuple[str, str]]:
-    """(task, metric) pairs in the order results.json lists them, stderr keys folded into their metric."""
+def all_metrics(rows: list[Row]) -> list[tuple[str, str]]:
+    """(task, metric) pairs in the order results.json lists them, stderr keys folded into their metric; a group's
+    subtasks are left to the group."""
     seen: dict[tuple[str, str], None] = {}
-    for task in sweep.tasks:
-        for row in rows:
-            for key in row.results["results"].get(task, {}):
+    for row in rows:
+        for task in row.reported():
+            for key in row.results["results"][task]:
                 if key.endswith(",none") and "_stderr" not in key:
                     seen[(task, key.split(",")[0])] = None
     return list(seen)
 
 
-def summary_csv(sweep: Sweep, rows: list[Row]) -> str:
-    metrics = all_metrics(sweep, rows)
+def summary_csv(rows: list[Row]) -> str:
+    metrics = all_metrics(rows)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["model", "point", *SETTING_COLUMNS, *(f"{t} {m}{s}" for t, m in metrics for s in ("", " stderr"))])
@@ -67,13 +76,13 @@ def summary_csv(sweep: Sweep, rows: list[Row]) -> str:
     return buf.getvalue()
 
 
-def headline_metrics(sweep: Sweep, rows: list[Row]) -> list[tuple[str, str]]:
-    return [(t, m) for t, m in all_metrics(sweep, rows) if m in SUMMARY_METRICS]
+def headline_metrics(rows: list[Row]) -> list[tuple[str, str]]:
+    return [(t, m) for t, m in all_metrics(rows) if m in SUMMARY_METRICS]
 
 
-def summary_markdown(sweep: Sweep, rows: list[Row]) -> str:
+def summary_markdown(rows: list[Row]) -> str:
     """Rows are models (× points), columns the headline metric of each task with its standard error."""
-    metrics = headline_metrics(sweep, rows)
+    metrics = headline_metrics(rows)
     header = ["model", "point", *(f"{t} {m}" for t, m in metrics)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:

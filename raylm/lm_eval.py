@@ -1,0 +1,144 @@
+"""raylm's actors under lm-eval's Python API: an `lm_eval.api.model.LM` whose likelihoods are scored on Ray.
+
+    import lm_eval
+    from raylm.lm_eval import RayLM
+
+    with RayLM(pretrained="EleutherAI/pythia-160m", actors=4) as lm:
+        results = lm_eval.simple_evaluate(model=lm, tasks=["arc_easy", "mmlu"])
+
+Importing this module also registers the class as lm-eval's model "raylm", so
+`simple_evaluate(model="raylm", model_args="pretrained=...,actors=4")` works too. Everything but the model calls
+stays lm-eval's (task loading, prompts, metrics); the calls are tokenised as HFLM tokenises them, cut into shards
+and scored by model-resident actors, surviving dead actors as `raylm eval` does. `generate_until` is refused:
+raylm scores likelihoods.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import lm_eval.models  # noqa: F401  (fills lm-eval's model registry first: see below)
+import pyarrow as pa
+from lm_eval.api.instance import Instance
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from raylm.cluster.runtime import LaunchedActors, connect, plan_actors
+from raylm.cluster.scheduler import score_shards
+from raylm.errors import RaylmError
+from raylm.requests.encoding import Encoder, resolve_max_length
+from raylm.requests.lmeval import describe_problems, request_table
+from raylm.requests.shards import DEFAULT_SHARD_REQUESTS, LMEVAL_KIND, make_shards
+from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer, resolve_scorer
+from raylm.tasks.lmeval.build import Request
+
+
+# lm-eval's get_model() imports lm_eval.models (which registers "hf" and the rest) only while its registry is
+# empty; registering "raylm" into an empty registry would leave every other model name unknown. Hence the import
+# of lm_eval.models above, before this decorator runs.
+@register_model("raylm")
+class RayLM(LM):
+    """Model-resident raylm actors as an lm-eval model. The actors start with the object and stay until close()
+    (or the end of a `with` block, or of the Ray session)."""
+
+    def __init__(self, pretrained: str, actors: int | None = None, dtype: str = "auto", device: str | None = None,
+                 revision: str | None = None, trust_remote_code: bool = False, allow_pickle: bool = False,
+                 batch_size: int | str | None = None, shard_size: int = DEFAULT_SHARD_REQUESTS,
+                 num_gpus: float | None = None, load_in_4bit: bool = False, load_in_8bit: bool = False,
+                 progress: bool = False) -> None:
+        super().__init__()
+        quantization = "4bit" if load_in_4bit else "8bit" if load_in_8bit else None
+        self.spec = ModelSpec(str(pretrained), dtype, device or "auto", revision, trust_remote_code, allow_pickle,
+                              quantization)
+        self.spec.validate()
+        check_model_path(self.spec)
+        if shard_size < 1:
+            raise RaylmError(f"shard_size must be at least 1, got {shard_size}")
+        self.shard_size, self.progress = shard_size, progress
+        config = load_config(self.spec)
+        if resolve_scorer(self.spec, config) == "mlm":
+            raise RaylmError(f"'{pretrained}' is a masked LM: RayLM scores causal LMs; score masked LMs on lm-eval's "
+                             "tasks with `raylm eval --model ... --tasks ...`")
+        self.tokenizer = load_tokenizer(self.spec)
+        self.encoder = Encoder(self.tokenizer, resolve_max_length(config, self.tokenizer))
+        # simple_evaluate names a model object by model.config._name_or_path, as HFLM's config has it.
+        self.config = SimpleNamespace(_name_or_path=str(pretrained))
+        connect()
+        recipe, n = plan_actors(self.spec, actors, _batch_size(batch_size), num_gpus)
+        self._launched = LaunchedActors(recipe, n)
+        self._ready = False
+
+    @property
+    def max_length(self) -> int:
+        return self.encoder.max_length
+
+    @property
+    def eot_token_id(self) -> int | None:
+        return self.tokenizer.eos_token_id
+
+    def get_model_info(self) -> dict[str, Any]:
+        """What HFLM.get_model_info adds to results' config, as far as the driver knows it (no weights here)."""
+        info = {"model_dtype": self.spec.dtype}
+        return {**info, "model_revision": self.spec.revision} if self.spec.revision else info
+
+    def loglikelihood(self, requests: list[Instance]) -> list[tuple[float, bool]]:
+        """(summed log-probability of the continuation, whether it is the greedy decode) per (context,
+        continuation) request, in request order."""
+        scored = self._score(requests)
+        return [(float(ll), bool(greedy)) for ll, greedy in zip(scored["loglikelihood"].to_pylist(),
+                                                               scored["is_greedy"].to_pylist())]
+
+    def loglikelihood_rolling(self, requests: list[Instance]) -> list[float]:
+        """Each text's summed log-probability over its rolling windows, a bare float as HFLM returns it."""
+        scored = self._score(requests)
+        totals = [0.0] * len(requests)
+        for position, ll in zip(scored["req_idx"].to_pylist(), scored["loglikelihood"].to_pylist()):
+            totals[position] += ll
+        return totals
+
+    def generate_until(self, requests: list[Instance]) -> list[str]:
+        raise RaylmError("raylm scores likelihoods only; generate_until tasks are not supported")
+
+    def close(self) -> None:
+        """Stop the actors."""
+        self._launched.release()
+
+    def __enter__(self) -> RayLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _score(self, requests: list[Instance]) -> pa.Table:
+        """Score requests on the actors; rows come back sorted by request position (then window)."""
+        rows, group, previous = [], -1, None
+        for position, inst in enumerate(requests):
+            # Consecutive requests of one document share a group: shards never split it, and its shared prompt
+            # is scored once.
+            if (inst.task_name, inst.doc_id) != previous:
+                group, previous = group + 1, (inst.task_name, inst.doc_id)
+            rows.append(Request(str(inst.task_name), group, position, inst.request_type, inst.args))
+        table, problems = request_table(rows, self.encoder)
+        if problems:
+            where = [(str(requests[r.idx].task_name), requests[r.idx].doc_id, requests[r.idx].idx, n)
+                     for r, n in problems]
+            raise RaylmError(describe_problems(where, self.max_length))
+        if table.num_rows == 0:
+            return table.append_column("loglikelihood", pa.array([], pa.float64())).append_column(
+                "is_greedy", pa.array([], pa.bool_()))
+        shards = make_shards({"lm-eval requests": (LMEVAL_KIND, table)}, self.shard_size)
+        actors = self._launched.wait_ready() if not self._ready else self._launched.actors
+        self._ready = True
+        report = score_shards(actors, self._launched.recipe, shards, self.progress)
+        return pa.concat_tables(r.table for r in report.results).sort_by(
+            [("req_idx", "ascending"), ("window", "ascending")])
+
+
+def _batch_size(value: int | str | None) -> int | None:
+    """lm-eval's batch_size ("auto", "auto:N", N) as raylm's: None fills a token budget, N caps requests."""
+    if value is None or str(value).startswith("auto"):
+        return None
+    if not str(value).isdigit() or int(value) < 1:
+        raise RaylmError(f"batch_size must be 'auto' or a positive integer, got {value!r}")
+    return int(value)

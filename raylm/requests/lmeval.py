@@ -1,0 +1,126 @@
+"""lm-eval's requests -> Arrow request tables, tokenised as HFLM tokenises them.
+
+A (context, continuation) pair goes through raylm's Encoder (HFLM's `_encode_pair` rules, empty contexts
+included); a rolling text becomes the rolling windows HFLM scores (stride = max length), one row per window, the
+document's score being the sum over its windows. Rows keep lm-eval's (doc_id, idx) so scores go back to the
+Instance they came from, and a `window` column numbering a rolling request's windows. For a masked LM the
+MaskedEncoder builds the same requests as for the native tasks (its own windows for rolling texts), with their
+`following` and `word_ids` columns.
+
+The schema metadata names the task, its version and a digest of its whole config (prompt templates, metrics,
+filters, few-shot settings), so the checkpoint fingerprint, which hashes the tables, changes with any of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pyarrow as pa
+from lm_eval.utils import handle_non_serializable
+
+from raylm.errors import RaylmError
+from raylm.requests.encoding import Encoder
+from raylm.requests.masked import MaskedEncoder, MaskedRequest
+from raylm.requests.table import MASKED_COLUMNS
+from raylm.requests.windows import strided_windows
+from raylm.tasks.lmeval.build import Built, Request
+
+SCHEMA = pa.schema([
+    ("doc_id", pa.int64()),
+    ("req_idx", pa.int32()),
+    ("window", pa.int32()),
+    ("context", pa.list_(pa.int32())),
+    ("continuation", pa.list_(pa.int32())),
+])
+MASKED_SCHEMA = pa.schema([*SCHEMA, *((name, pa.list_(pa.int32())) for name in MASKED_COLUMNS)])
+
+
+Problem = tuple[str, int, int, int]  # (task, doc_id, idx, continuation tokens): 0 tokens, or too many to fit
+
+
+def request_table(requests: list[Request], encoder: Encoder | MaskedEncoder,
+                  metadata: dict[bytes, bytes] | None = None) -> tuple[pa.Table, list[tuple[Request, int]]]:
+    """Requests as rows, in the order given, and every request raylm cannot score with its continuation's token
+    count: none (nothing to score), or more than the model's context (HFLM stops on these with a bare
+    AssertionError; for a masked LM, more than fits with its special tokens)."""
+    masked = isinstance(encoder, MaskedEncoder)
+    schema = MASKED_SCHEMA if masked else SCHEMA
+    cols: dict[str, list] = {name: [] for name in schema.names}
+    pairs = [r for r in requests if r.request_type != "loglikelihood_rolling"]
+    encoded = iter(encoder.encode_pairs([r.arguments for r in pairs]))
+    windowed = iter(_rolling_windows(encoder, [r.arguments[0] for r in requests
+                                               if r.request_type == "loglikelihood_rolling"]))
+    problems = []
+    for request in requests:
+        if request.request_type == "loglikelihood_rolling":
+            windows = next(windowed)
+        else:
+            windows = [next(encoded)]
+            if not _fits(windows[0], encoder.max_length):
+                problems.append((request, len(_pair(windows[0])[1])))
+        for window, item in enumerate(windows):
+            context, continuation = _pair(item)
+            for name, value in (("doc_id", request.doc_id), ("req_idx", request.idx), ("window", window),
+                                ("context", context), ("continuation", continuation)):
+                cols[name].append(value)
+            if isinstance(item, MaskedRequest):
+                cols["following"].append(item.following)
+                cols["word_ids"].append(item.word_ids)
+    return pa.table(cols, schema=schema.with_metadata(metadata)), problems
+
+
+Encoded = tuple[list[int], list[int]] | MaskedRequest
+
+
+def _rolling_windows(encoder: Encoder | MaskedEncoder, texts: list[str]) -> list[list[Encoded]]:
+    if isinstance(encoder, MaskedEncoder):
+        return encoder.document_windows(texts)
+    return [strided_windows(tokens, encoder.prefix_token, encoder.max_length, encoder.max_length)
+            for tokens in encoder.encode_many(texts)]
+
+
+def _pair(item: Encoded) -> tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]:
+    return (item.context, item.continuation) if isinstance(item, MaskedRequest) else item
+
+
+def _fits(item: Encoded, max_length: int) -> bool:
+    """A masked request's context is already cut to fit; its continuation must fit with the special tokens."""
+    n = len(_pair(item)[1])
+    return n > 0 and (item.length <= max_length if isinstance(item, MaskedRequest) else n <= max_length)
+
+
+def describe_problems(problems: list[Problem], max_length: int) -> str:
+    """One line for every unscorable request of every task, grouped by task."""
+    by_task: dict[str, list[Problem]] = {}
+    for problem in problems:
+        by_task.setdefault(problem[0], []).append(problem)
+    parts = []
+    for task, mine in by_task.items():
+        empty = [f"doc {d} request {i}" for _, d, i, n in mine if n == 0]
+        long = [f"doc {d} request {i} ({n} tokens)" for _, d, i, n in mine if n > 0]
+        if long:
+            parts.append(f"{task}: {len(long)} continuation(s) longer than the model's {max_length}-token context, "
+                         f"which lm-eval cannot score either: {', '.join(long)}")
+        if empty:
+            parts.append(f"{task}: {len(empty)} continuation(s) encode to no tokens: {', '.join(empty)}")
+    return "; ".join(parts)
+
+
+def task_metadata(built: Built, task: str) -> dict[bytes, bytes]:
+    """What identifies a task's requests besides their tokens: its name, version and whole config."""
+    obj = built.tasks["tasks"][task]
+    config = json.dumps(obj.dump_config(), sort_keys=True, default=handle_non_serializable)
+    return {b"raylm.lmeval.task": task.encode(), b"raylm.lmeval.version": str(obj.VERSION).encode(),
+            b"raylm.lmeval.config": hashlib.sha256(config.encode()).hexdigest().encode()}
+
+
+def request_tables(built: Built, encoder: Encoder | MaskedEncoder) -> dict[str, pa.Table]:
+    """Every task's table, or one line naming every unscorable request of every task."""
+    tables, problems = {}, []
+    for task in built.tasks["tasks"]:
+        tables[task], unscorable = request_table(built.requests(task), encoder, task_metadata(built, task))
+        problems += [(r.task, r.doc_id, r.idx, n) for r, n in unscorable]
+    if problems:
+        raise RaylmError(describe_problems(problems, encoder.max_length))
+    return tables

@@ -1,0 +1,132 @@
+"""Scores -> lm-eval's results, through lm-eval itself: filters, process_results, aggregation, stderr, groups.
+
+`results()` mirrors evaluate() (lm_eval/evaluator.py) from the model call's `req.resps.append(x)` to its return,
+on rank 0 of 1, and then calls lm-eval's own `_process_results` and `EvalAcc._to_eval_results` (private, but
+lm-eval is pinned to the 0.4.13 these mirror). Nothing here computes a metric.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+from lm_eval.api.instance import Instance
+from lm_eval.evaluator_utils import ResultAcc, _process_results
+from lm_eval.utils import handle_non_serializable, hash_string
+
+from raylm.errors import RaylmError
+from raylm.tasks.lmeval.build import LMEVAL_LOCK, Built, cached_templates
+
+# A loglikelihood request's score is (summed log-probability, continuation is the greedy decode); a rolling
+# request's is its document's summed log-probability over all windows (HFLM returns a bare float for it).
+Score = tuple[float, bool] | float
+ScoreKey = tuple[str, int, int]  # (task, doc_id, idx)
+
+
+def task_scores(task: str, output_type: str, requests: pa.Table, scored: pa.Table) -> dict[ScoreKey, Score]:
+    """A task's scores by (task, doc_id, idx) from its scored rows. Rolling windows add up in window order, as
+    HFLM sums them (a plain sum); a text with no tokens has no windows and scores 0, as in HFLM."""
+    scored = scored.sort_by([("doc_id", "ascending"), ("req_idx", "ascending"), ("window", "ascending")])
+    docs, idxs = scored["doc_id"].to_pylist(), scored["req_idx"].to_pylist()
+    logliks, greedy = scored["loglikelihood"].to_pylist(), scored["is_greedy"].to_pylist()
+    out: dict[ScoreKey, Score] = {}
+    if output_type == "loglikelihood_rolling":
+        for doc_id, idx in zip(requests["doc_id"].to_pylist(), requests["req_idx"].to_pylist()):
+            out[(task, doc_id, idx)] = 0.0
+        for doc_id, idx, ll in zip(docs, idxs, logliks):
+            out[(task, doc_id, idx)] += ll
+    else:
+        for doc_id, idx, ll, g in zip(docs, idxs, logliks, greedy):
+            out[(task, doc_id, idx)] = (ll, bool(g))
+    return out
+
+
+@contextlib.contextmanager
+def _no_bootstrap_pool() -> Iterator[None]:
+    """bootstrap_stderr forks a multiprocessing pool of cpu_count() workers unless DISABLE_MULTIPROC is set; its
+    draws are seeded per chunk, so the single-process path gives the same numbers without forking a driver that
+    holds Ray's threads."""
+    previous = os.environ.get("DISABLE_MULTIPROC")
+    os.environ["DISABLE_MULTIPROC"] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("DISABLE_MULTIPROC")
+        else:
+            os.environ["DISABLE_MULTIPROC"] = previous
+
+
+def _fill(task_name: str, instances: list[Instance], scores: Mapping[ScoreKey, Score]) -> None:
+    """evaluate()'s `req.resps.append(x)` for each of a request's `repeats` clones (scoring is deterministic, so
+    every clone gets the same score)."""
+    for inst in instances:
+        key = (task_name, inst.doc_id, inst.idx)
+        if key not in scores:
+            raise RaylmError(f"{task_name}: doc {inst.doc_id} request {inst.idx} has no score")
+        score = scores[key]
+        if inst.request_type == "loglikelihood_rolling":
+            value: Score = float(score)
+        else:
+            loglikelihood, is_greedy = score
+            value = (float(loglikelihood), bool(is_greedy))
+        inst.resps = [value] * inst.repeats
+        inst.filtered_resps = {}
+
+
+def _logged_sample(doc_id: int, doc: dict, target: Any, requests: list[Instance], filter_key: str,
+                   metrics: dict[str, Any]) -> dict[str, Any]:
+    """evaluate()'s `example = {...}` for log_samples, field for field."""
+    example = {
+        "doc_id": doc_id,
+        "doc": doc,
+        "target": target,
+        "arguments": [req.args for req in requests],
+        "resps": [req.resps for req in requests],
+        "filtered_resps": [req.filtered_resps[filter_key] for req in requests],
+        "filter": filter_key,
+        "metrics": list(metrics.keys()),
+        "doc_hash": hash_string(json.dumps(requests[0].doc, indent=2, default=handle_non_serializable,
+                                           ensure_ascii=False)),
+        "prompt_hash": hash_string(requests[0].arguments[0]),
+        "target_hash": hash_string(str(target)),
+    }
+    example.update(metrics)
+    return example
+
+
+def results(built: Built, scores: Mapping[ScoreKey, Score], bootstrap_iters: int = 100000,
+            log_samples: bool = True) -> dict[str, Any]:
+    """lm-eval's results dict (results, groups, group_subtasks, configs, versions, n-shot, higher_is_better,
+    n-samples, and samples when log_samples) from one score per (task, doc_id, idx)."""
+    # process_docs runs again in doc_iterator and may draw from the global generators; doc_to_target is Jinja.
+    with LMEVAL_LOCK, cached_templates():
+        accumulators: dict[str, ResultAcc] = {
+            name: {"task": task, "raw_metrics": defaultdict(list), "logged_samples": []}
+            for name, task in built.tasks["tasks"].items()}
+        for name, acc in accumulators.items():
+            task = acc["task"]
+            _fill(name, task.instances, scores)
+            task.apply_filters()
+            by_doc: dict[int, list[Instance]] = defaultdict(list)
+            for inst in task.instances:
+                by_doc[inst.doc_id].append(inst)
+            for instances in by_doc.values():
+                instances.sort(key=lambda x: x.idx)
+            for filter_key in task.instances[0].filtered_resps:
+                for doc_id, doc in task.doc_iterator(rank=0, limit=built.limits[name], world_size=1, samples=None):
+                    requests = by_doc[doc_id]
+                    metrics = task.process_results(doc, [req.filtered_resps[filter_key] for req in requests])
+                    if log_samples:
+                        acc["logged_samples"].append(
+                            _logged_sample(doc_id, doc, task.doc_to_target(doc), requests, filter_key, metrics))
+                    for metric, value in metrics.items():
+                        acc["raw_metrics"][(metric, filter_key)].append(value)
+        with _no_bootstrap_pool():
+            processed = _process_results(accumulators, built.tasks.get("groups", {}), bootstrap_iters)
+        return processed._to_eval_results(samples=processed.samples if log_samples else None)

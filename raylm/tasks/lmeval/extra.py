@@ -1,0 +1,18 @@
+"""The optional `tasks` extra: lm-eval is imported only for runs that ask for an lm-eval task."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from raylm.errors import RaylmError
+
+INSTALL_HINT = 'pip install "raylm[tasks]"'
+
+
+def require_lm_eval(names: Sequence[str]) -> None:
+    """Refuse, in one line, a run that names lm-eval tasks in an environment without lm-eval."""
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError as e:
+        raise RaylmError(f"{', '.join(names)}: not native raylm tasks, and lm-eval (which defines every other task) "
+                         f"is not installed; install it with {INSTALL_HINT}") from e

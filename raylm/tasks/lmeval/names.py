@@ -1,0 +1,127 @@
+"""Task, group and tag names -> lm-eval's TaskManager, checked before any data is read or Ray starts.
+
+Resolution is lm-eval's: names are fnmatch patterns over its index (its CLI's rule), `--include-path` is its
+`--include_path` (those YAMLs replace lm-eval's own of the same name). raylm adds only speed and earlier errors:
+- when every name, and everything its groups and tags reach, is defined under --include-path, only that
+  directory is indexed; lm-eval's own index would resolve those names to the very same entries, since
+  include_path entries replace builtin ones;
+- otherwise lm-eval's own index is built once per process, and kept between runs in raylm's cache directory
+  unless that is turned off (index_cache.py);
+- unknown names (with close matches) and task types raylm cannot score are refused from the index alone.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from lm_eval.tasks import TaskManager
+from lm_eval.tasks._index import Kind
+
+from raylm.errors import RaylmError
+from raylm.tasks.lmeval.index_cache import IndexedTaskManager, builtin_index
+
+SUPPORTED_OUTPUT_TYPES = ("multiple_choice", "loglikelihood", "loglikelihood_rolling")
+_PATTERN_CHARS = frozenset("*?[")
+
+
+@dataclass
+class Selection:
+    """The lm-eval part of a run: the manager that resolved the names, and the names its CLI would load."""
+
+    manager: TaskManager
+    names: list[str]  # expanded: patterns matched, tags and groups as named (TaskManager.load takes these)
+    leaves: list[str]  # every task the names reach, as far as the index tells (Python-class tasks included)
+
+
+def select(names: Sequence[str], include_path: Path | None) -> Selection:
+    """The TaskManager for these names and the names expanded, or a one-line error naming the first bad one."""
+    paths = [str(include_path)] if include_path is not None else None
+    manager = _include_path_manager(names, paths) if paths else None
+    if manager is None:
+        manager = IndexedTaskManager(builtin_index(), paths)
+    expanded = expand_names(names, manager)
+    leaves = []
+    for name in expanded:
+        for task, output_type, via in leaf_output_types(manager, name, name):
+            if output_type is not None:
+                refuse_output_type(task, output_type, via)
+            leaves.append(task)
+    return Selection(manager, expanded, leaves)
+
+
+def _include_path_manager(names: Sequence[str], paths: list[str]) -> TaskManager | None:
+    """A manager of --include-path alone, if it resolves every name exactly as the full index would: no name is
+    a pattern (lm-eval's own names could match it too), and every name, group member and tag member is defined
+    there. (A group member missing from the index is not an error in lm-eval: it becomes an inline task, so
+    a member defined only among lm-eval's own tasks must send the run to the full index.)"""
+    if any(_PATTERN_CHARS & set(name) for name in names):
+        return None
+    manager = TaskManager(include_path=paths, include_defaults=False)
+    return manager if all(_closed(manager, name) for name in names) else None
+
+
+def _closed(manager: TaskManager, name: str) -> bool:
+    entry = manager.task_index.get(name)
+    if entry is None:
+        return False
+    if entry.kind is Kind.TAG:
+        return all(_closed(manager, task) for task in entry.tags)
+    if entry.kind is Kind.GROUP:
+        for item in (entry.cfg or {}).get("task", []):
+            member = item if isinstance(item, str) else item.get("task", item.get("group"))
+            if not isinstance(member, str) or not _closed(manager, member):
+                return False
+    return True
+
+
+def expand_names(names: Sequence[str], manager: TaskManager) -> list[str]:
+    """lm-eval's CLI rule (EvaluatorConfig.process_tasks): each name is an fnmatch pattern over every task, group
+    and tag, matches flattened in order without duplicates. lm-eval itself only says "Tasks not found"; the close
+    matches are difflib's over lm-eval's own name list."""
+    expanded: list[str] = []
+    for name in names:
+        matches = manager.match_tasks([name])
+        if not matches:
+            close = difflib.get_close_matches(name, manager.all_tasks, n=3)
+            hint = f"; close matches: {', '.join(close)}" if close else ""
+            raise RaylmError(f"unknown task '{name}' (not a native raylm task, nor an lm-eval task, group or tag)"
+                             f"{hint}")
+        expanded += [m for m in matches if m not in expanded]
+    return expanded
+
+
+def leaf_output_types(manager: TaskManager, name: str, via: str, override: str | None = None
+                      ) -> Iterator[tuple[str, str | None, str]]:
+    """(task, output_type, how it was reached) for every task under `name`, from lm-eval's index alone.
+
+    A group's own keys override its children's, a parent's override a group's, a dict member's override both,
+    as TaskFactory merges them; a task YAML without output_type gets TaskConfig's default, generate_until; a
+    Python-class task's type is known only once built (None here; checked again after loading)."""
+    entry = manager.task_index.get(name)
+    if entry is None:
+        return
+    if entry.kind is Kind.TAG:
+        for task in sorted(entry.tags):
+            yield from leaf_output_types(manager, task, via, override)
+    elif entry.kind is Kind.GROUP:
+        cfg = entry.cfg or {}
+        override = override if override is not None else cfg.get("output_type")
+        for item in cfg.get("task", []):
+            member = item if isinstance(item, dict) else {"task": item}
+            child = member.get("task", member.get("group"))
+            if isinstance(child, str):
+                yield from leaf_output_types(manager, child, f"{via} > {child}", member.get("output_type", override))
+    elif entry.kind is Kind.TASK:
+        yield name, override or (entry.cfg or {}).get("output_type", "generate_until"), via
+    else:
+        yield name, override, via
+
+
+def refuse_output_type(task: str, output_type: str | None, via: str) -> None:
+    if output_type not in SUPPORTED_OUTPUT_TYPES:
+        where = f" (in {via})" if via and via != task else ""
+        raise RaylmError(f"lm-eval task '{task}'{where} has output_type {output_type}; raylm scores likelihoods "
+                         f"only ({', '.join(SUPPORTED_OUTPUT_TYPES)})")

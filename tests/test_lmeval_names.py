@@ -1,0 +1,216 @@
+"""lm-eval names -> tasks, before any data is read: lm-eval's resolution (patterns, groups, tags, --include-path),
+raylm's two index shortcuts proven equal to lm-eval's own TaskManager, and the one-line refusals (unknown names
+with close matches, generate_until, the missing `tasks` extra)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from lm_eval.tasks import TaskManager
+from lm_eval.tasks._yaml_loader import load_yaml
+
+from conftest import STORIES
+from raylm.cli import DEFAULT_SEEDS, build_parser
+from raylm.errors import RaylmError
+from raylm.requests.encoding import Encoder
+from raylm.requests.lmeval import request_tables
+from raylm.results.checkpoint import table_digest
+from raylm.results.native import MIRRORS
+from raylm.scoring.models import ModelSpec, load_tokenizer
+from raylm.tasks.lmeval import index_cache
+from raylm.tasks.lmeval.build import load_and_build
+from raylm.tasks.lmeval.names import _include_path_manager, select
+
+NAMES = ["mmlu_local", "arc_easy_local", "ai2_arc", "piqa_local", "boolq_local", "mmlu_local_stem"]
+
+
+@pytest.fixture(scope="module")
+def lm_eval_manager(local_tasks) -> TaskManager:
+    """lm-eval's own TaskManager over its tasks and the local ones, as `lm_eval --include_path` builds it."""
+    return TaskManager(include_path=str(local_tasks))
+
+
+def loaded_view(manager: TaskManager, names: list[str]) -> tuple:
+    """What a load resolves to: every task's full config, every group's children, in order."""
+    loaded = manager.load(names)
+    configs = {name: json.dumps(task.dump_config(), sort_keys=True, default=str)
+               for name, task in loaded["tasks"].items()}
+    return list(loaded["tasks"]), configs, loaded["group_map"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_include_path_alone_resolves_like_lm_evals_full_index(name, local_tasks, lm_eval_manager):
+    fast = _include_path_manager([name], [str(local_tasks)])
+    assert fast is not None and len(fast.all_tasks) < 100
+    assert loaded_view(fast, [name]) == loaded_view(lm_eval_manager, [name])
+
+
+def test_include_path_alone_is_not_used_when_lm_evals_own_tasks_are_needed(local_tasks, tmp_path):
+    assert _include_path_manager(["arc_easy"], [str(local_tasks)]) is None  # lm-eval's own task
+    assert _include_path_manager(["mmlu_*_local"], [str(local_tasks)]) is None  # a pattern could match builtins
+    (tmp_path / "mix.yaml").write_text("group: mix\ntask:\n  - arc_easy_local\n  - arc_challenge\n")
+    (tmp_path / "arc_easy_local.yaml").write_text((local_tasks / "arc_easy_local.yaml").read_text())
+    # arc_challenge is lm-eval's: indexed alone, this directory would make it an empty inline task.
+    assert _include_path_manager(["mix"], [str(tmp_path)]) is None
+    assert sorted(select(["mix"], tmp_path).leaves) == ["arc_challenge", "arc_easy_local"]
+
+
+def test_cached_index_is_lm_evals_own_and_is_rebuilt_when_a_yaml_changes(local_tasks, lm_eval_manager, tmp_path):
+    directory = index_cache.cache_dir()  # this session's (conftest): the runs after this one read what it keeps
+    for kept in directory.glob("lm-eval-*-index-*.json"):
+        kept.unlink()
+    index_cache.builtin_index.cache_clear()
+    cold = index_cache.builtin_index()
+    assert len(list(directory.glob("lm-eval-*-index-*.json"))) == 1
+    index_cache.builtin_index.cache_clear()
+    warm = index_cache.builtin_index()
+    for index in (cold, warm):
+        ours = index_cache.IndexedTaskManager(index, [str(local_tasks)])
+        assert list(ours.task_index) == list(lm_eval_manager.task_index)
+        assert all((a.kind, a.yaml_path, a.cfg, a.tags) == (b.kind, b.yaml_path, b.cfg, b.tags)
+                   for a, b in zip(ours.task_index.values(), lm_eval_manager.task_index.values()))
+        assert (ours.all_tasks, ours.all_groups, ours.all_subtasks, ours.all_tags) == (
+            lm_eval_manager.all_tasks, lm_eval_manager.all_groups, lm_eval_manager.all_subtasks,
+            lm_eval_manager.all_tags)
+    # The key covers every YAML's size and time: an edited task file makes a new index.
+    (tmp_path / "tasks").mkdir()
+    yaml = tmp_path / "tasks" / "t.yaml"
+    yaml.write_text("task: t\n")
+    key = index_cache._key(tmp_path / "tasks")
+    yaml.write_text("task: t2\n")
+    assert index_cache._key(tmp_path / "tasks") != key
+
+
+def test_cache_directory_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv(index_cache.CACHE_DIR_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert index_cache.cache_dir() == tmp_path / "raylm"
+    monkeypatch.setenv(index_cache.CACHE_DIR_ENV, str(tmp_path / "elsewhere"))
+    assert index_cache.cache_dir() == tmp_path / "elsewhere"
+    monkeypatch.setenv(index_cache.NO_CACHE_ENV, "1")
+    assert index_cache.cache_dir() is None
+
+
+def test_names_expand_as_lm_evals_cli_does(local_tasks):
+    selection = select(["mmlu_*_local", "ai2_arc"], local_tasks)
+    assert selection.names[:2] == ["mmlu_abstract_algebra_local", "mmlu_anatomy_local"]
+    assert "ai2_arc" in selection.names and "mmlu_local" not in selection.names
+    # With this --include-path, ai2_arc is the local tag (its YAMLs replace lm-eval's tag of that name).
+    assert select(["ai2_arc"], local_tasks).leaves == ["arc_easy_local"]
+    assert len(select(["mmlu"], None).leaves) == 57
+
+
+@pytest.mark.parametrize("name,close", [("arc_easy_locl", "arc_easy_local"), ("mmlu_anatomyy", "mmlu_anatomy")])
+def test_unknown_name_is_refused_with_close_matches(name, close, local_tasks):
+    with pytest.raises(RaylmError) as error:
+        select(["arc_easy_local", name], local_tasks)
+    message = str(error.value)
+    assert message.startswith(f"unknown task '{name}' (not a native raylm task, nor an lm-eval task, group or tag)")
+    assert f"close matches: {close}" in message and "\n" not in message
+
+
+def test_generate_until_is_refused_in_one_line(local_tasks, tmp_path):
+    (tmp_path / "gen.yaml").write_text("task: gen_local\ndataset_path: arrow\noutput_type: generate_until\n"
+                                       "doc_to_text: '{{question}}'\ndoc_to_target: '{{answer}}'\n")
+    (tmp_path / "group.yaml").write_text("group: mixed_local\ntask:\n  - gen_local\n")
+    with pytest.raises(RaylmError, match=r"^lm-eval task 'gen_local' has output_type generate_until; raylm "
+                                         r"scores likelihoods only \(multiple_choice, loglikelihood, "
+                                         r"loglikelihood_rolling\)$"):
+        select(["gen_local"], tmp_path)
+    with pytest.raises(RaylmError, match=r"^lm-eval task 'gen_local' \(in mixed_local > gen_local\) has output_type "
+                                         "generate_until"):
+        select(["mixed_local"], tmp_path)
+    with pytest.raises(RaylmError, match="^lm-eval task 'gsm8k' has output_type generate_until"):
+        select(["gsm8k"], None)
+
+
+def test_without_the_tasks_extra_an_lm_eval_name_names_the_install_command(tmp_path):
+    probe = ("import sys; sys.modules['lm_eval'] = None\n"
+             "from raylm.cli import main\n"
+             f"code = main(['eval', '--model', {str(STORIES)!r}, '--tasks', 'hellaswag,arc_easy', '--output', "
+             f"{str(tmp_path / 'out')!r}])\n"
+             "assert 'lm_eval' not in sys.modules or sys.modules['lm_eval'] is None\n"
+             "sys.exit(code)")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("raylm: error:")]
+    assert errors == ['raylm: error: arc_easy: not native raylm tasks, and lm-eval (which defines every other '
+                      'task) is not installed; install it with pip install "raylm[tasks]"']
+    assert "Started a local Ray" not in proc.stderr
+
+
+def test_a_native_run_never_imports_lm_eval():
+    probe = ("import sys\nfrom raylm.cli import build_parser, config_from_args\nfrom raylm.evaluate import "
+             "select_lmeval\nimport raylm.results.report, raylm.sweep.config\n"
+             "cfg = config_from_args(build_parser().parse_args(['eval', '--demo']))\ncfg.validate()\n"
+             "assert select_lmeval(cfg) is None\nprint('lm_eval' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr[-2000:]
+
+
+def test_seed_is_lm_evals_seed_flag():
+    import lm_eval.defaults
+
+    parse = build_parser()._subparsers._group_actions[0].choices["eval"].parse_args
+    assert DEFAULT_SEEDS == (lm_eval.defaults.DEFAULT_RANDOM_SEED, *[lm_eval.defaults.DEFAULT_OTHER_SEED] * 3)
+    assert parse([]).seed == DEFAULT_SEEDS
+    assert parse(["--seed", "5"]).seed == (5, 5, 5, 5)
+    assert parse(["--seed", "0,None,8,52"]).seed == (0, None, 8, 52)
+    assert parse([]).num_fewshot is None and parse([]).bootstrap_iters == 100000
+
+
+@pytest.mark.parametrize("value", ["x", "1,2", "1,2,3,4,5"])
+def test_bad_seed_is_a_usage_error(value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["eval", "--seed", value])
+    assert exit_.value.code == 2 and "--seed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", sorted(MIRRORS))
+def test_native_tasks_carry_the_metadata_of_lm_evals_task_of_that_name(name):
+    from lm_eval.api.registry import is_higher_better
+
+    yaml = load_yaml(index_cache.builtin_root() / {"hellaswag": "hellaswag/hellaswag.yaml",
+                                                    "winogrande": "winogrande/default.yaml",
+                                                    "wikitext": "wikitext/wikitext.yaml"}[name], resolve_func=False)
+    mirror = MIRRORS[name]
+    assert yaml["task"] == name and yaml["metadata"]["version"] == mirror.version
+    assert (yaml["output_type"], yaml["dataset_path"], yaml.get("dataset_name")) == (
+        mirror.output_type, mirror.dataset_path, mirror.dataset_name)
+    assert {m["metric"]: m.get("higher_is_better", is_higher_better(m["metric"])) for m in yaml["metric_list"]} == \
+        mirror.higher_is_better
+    assert mirror.stderr == all(m.get("aggregation") == "mean" for m in yaml["metric_list"])
+
+
+def test_the_task_config_is_part_of_the_request_tables_digest(local_tasks, tmp_path):
+    """Two tasks with the same requests but different metrics have request tables of different digests, so a
+    checkpoint of one is never resumed as the other."""
+    (tmp_path / "arc_acc_local.yaml").write_text(
+        f"task: arc_acc_local\ninclude: {local_tasks / 'arc_easy_local.yaml'}\ntag: null\n"
+        "metric_list:\n  - {metric: acc, aggregation: mean, higher_is_better: true}\n")
+    (tmp_path / "arc_easy_local.yaml").write_text((local_tasks / "arc_easy_local.yaml").read_text())
+    encoder = Encoder(load_tokenizer(ModelSpec(str(STORIES))), 512)
+    tables = {}
+    for name in ("arc_easy_local", "arc_acc_local"):
+        built = load_and_build(select([name], tmp_path), DEFAULT_SEEDS, None, 3)
+        tables[name] = request_tables(built, encoder)[name]
+    a, b = tables["arc_easy_local"], tables["arc_acc_local"]
+    assert a.replace_schema_metadata(None).equals(b.replace_schema_metadata(None))
+    assert table_digest(a) != table_digest(b)
+    assert a.schema.metadata[b"raylm.lmeval.version"] == b"1.0"
+
+
+def test_a_native_task_reached_again_through_lm_eval_is_refused(tmp_path):
+    from raylm.config import EvalConfig
+    from raylm.evaluate import select_lmeval
+
+    (tmp_path / "group.yaml").write_text("group: with_hellaswag\ntask:\n  - hellaswag\n  - arc_easy\n")
+    cfg = EvalConfig(ModelSpec(str(STORIES)), ("hellaswag", "with_hellaswag"), include_path=tmp_path)
+    with pytest.raises(RaylmError, match="^hellaswag: asked for as a native task and also reached through lm-eval's "
+                                         "with_hellaswag"):
+        select_lmeval(cfg)
+    assert select_lmeval(EvalConfig(ModelSpec(str(STORIES)), ("with_hellaswag",), include_path=tmp_path)).leaves == [
+        "hellaswag", "arc_easy"]
