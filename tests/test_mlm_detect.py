@@ -76,3 +76,11 @@ def test_checkpoint_without_a_masked_lm_head_is_refused(make, tmp_path):
 def test_masked_lm_loads_with_its_head(tiny_bert):
     model = load_model(ModelSpec(str(tiny_bert), device="cpu"), "mlm")
     assert type(model).__name__ == "BertForMaskedLM"
+
+
+def test_lm_evals_python_api_refuses_a_masked_lm_in_one_line(tiny_bert):
+    """RayLM tokenises as HFLM does, for causal LMs; a masked LM is pointed to `raylm eval` before any Ray work."""
+    from raylm.lm_eval import RayLM
+
+    with pytest.raises(RaylmError, match=r"is a masked LM: RayLM scores causal LMs"):
+        RayLM(pretrained=str(tiny_bert))

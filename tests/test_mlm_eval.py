@@ -1,6 +1,6 @@
 """Masked LMs through the whole driver on real Ray actors: results independent of actors, shard and batch sizes;
-equal to the float64 reference; resumed from a checkpoint; recorded in results.json; mixed with causal models in
-a sweep."""
+equal to the float64 reference, on native and lm-eval tasks; resumed from a checkpoint; recorded in results.json;
+mixed with causal models in a sweep."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from raylm.evaluate import build_task_requests, driver_encoder, evaluate
 from raylm.scoring.models import ModelSpec
 from raylm.sweep.config import load_sweep
 from raylm.sweep.run import run_sweep
+from raylm.tasks.lmeval.build import load_and_build
+from raylm.tasks.lmeval.names import select
 from raylm.tasks.wikitext import load_docs as wikitext_docs
 from reference_masked import reference_pll
 
@@ -164,3 +166,45 @@ settings:
     assert configs[f"{tiny_bert.name}-word-l2r"]["pll"] == "word-l2r"
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert all(f"| {m.name} |" in summary for m in sweep.models)
+
+
+def test_lm_eval_tasks_are_scored_as_the_float64_reference(ray_session, spec, local_tasks, tmp_path):
+    """A masked LM on lm-eval's tasks: ARC-Easy's (context, continuation) requests and a rolling task (ARC's
+    questions as texts), as lm-eval builds them, scored by masked actors; every request equals the one-copy
+    float64 reference of its MaskedEncoder rows (each rolling text the sum over its windows), and lm-eval computes
+    the metrics from those scores."""
+    (tmp_path / "arc_question_rolling_local.yaml").write_text(
+        f"task: arc_question_rolling_local\ninclude: {local_tasks / 'arc_easy_local.yaml'}\ntag: null\n"
+        "output_type: loglikelihood_rolling\ndoc_to_text: ''\ndoc_to_target: '{{question}}'\ndoc_to_choice: null\n"
+        "metric_list:\n  - metric: word_perplexity\n  - metric: byte_perplexity\n  - metric: bits_per_byte\n")
+    for path in local_tasks.glob("arc_easy_local.yaml"):
+        (tmp_path / path.name).write_text(path.read_text())
+    tasks = ("arc_easy_local", "arc_question_rolling_local")
+    cfg = EvalConfig(spec, tasks, limit=3, progress=False, include_path=tmp_path, bootstrap_iters=0)
+    actors = start_actors(spec, 2, None, num_cpus=1)
+    try:
+        result = evaluate(cfg, actors)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+    assert result.extra["scorer"] == "mlm"
+    encoder = driver_encoder(spec)
+    built = load_and_build(select(tasks, tmp_path), cfg.seeds, None, 3)
+    tokenizer = AutoTokenizer.from_pretrained(spec.path)
+    model64 = AutoModelForMaskedLM.from_pretrained(spec.path).double().eval()
+    for name in tasks:
+        scored = result.tasks[name].scored
+        got: dict[tuple[int, int], float] = {}
+        for doc_id, idx, ll in zip(scored["doc_id"].to_pylist(), scored["req_idx"].to_pylist(),
+                                   scored["loglikelihood"].to_pylist()):
+            got[doc_id, idx] = got.get((doc_id, idx), 0.0) + ll
+        requests = built.requests(name)
+        assert len(got) == len(requests) > 0
+        for request in requests:
+            rows = encoder.document_windows(request.arguments)[0] if name != "arc_easy_local" \
+                else encoder.encode_pairs([request.arguments])
+            expected = sum(reference_pll(model64, r.context, r.continuation, r.following, r.word_ids,
+                                         tokenizer.mask_token_id, "word-l2r")[0] for r in rows)
+            assert got[request.doc_id, request.idx] == pytest.approx(expected, rel=1e-5)
+    assert 0 <= result.lmeval["results"]["arc_easy_local"]["acc,none"] <= 1
+    assert result.lmeval["results"]["arc_question_rolling_local"]["word_perplexity,none"] > 1

@@ -100,6 +100,8 @@ class MaskedEncoder:
     def encode_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[MaskedRequest]:
         """One request per (context, continuation), batched through the tokenizer; a request too long even
         without its context is returned whole, for the caller to report."""
+        if not pairs:
+            return []  # a fast tokenizer fails on an empty batch
         moved = [_move_trailing_space(c, k) for c, k in pairs]
         wholes = self.tokenizer([c + k for c, k in moved])
         contexts = self.tokenizer([c for c, _ in moved], add_special_tokens=False)["input_ids"]
@@ -125,6 +127,8 @@ class MaskedEncoder:
         if not 0 < stride <= self.room:
             raise ValueError(f"stride must be between 1 and {self.room} (max length less special tokens), "
                              f"got {stride}")
+        if not texts:
+            return []  # a fast tokenizer fails on an empty batch
         encoded = self.tokenizer(list(texts), add_special_tokens=False)
         out = []
         for i in range(len(texts)):
