@@ -1,4 +1,4 @@
-"""raylm against lm-evaluation-harness 0.4.13 (HFLM, batch_size=auto) on the same rows, whole-command wall time.
+"""raylm against lm-evaluation-harness 0.4.13 (HFLM) on the same rows, whole-command wall time.
 
 Native tasks (hellaswag, winogrande, wikitext): lm-eval runs through shared/golden/make/lmeval_ref.py, the
 script (and local task yamls) that made the golden values. Any other name is an lm-eval task, group or tag: lm-eval
@@ -12,7 +12,12 @@ mirror, into the work directory). Needs the `bench` extra (pip install -e .[benc
     PYTHONPATH=$PWD python bench/vs_lmeval.py --model gpt2-small --rows 200 --tasks hellaswag
     PYTHONPATH=$PWD python bench/vs_lmeval.py --model stories --rows 0 --tasks hellaswag+winogrande,wikitext
     PYTHONPATH=$PWD python bench/vs_lmeval.py --model gpt2-small --rows 0 --repeats 3 \
-        --tasks mmlu_local:shots=5:limit=20,arc_easy_local      # the lm-eval task target: MMLU 5-shot + ARC-Easy
+        --tasks mmlu_local:shots=5:limit=20,arc_easy_local --lmeval-batch-size 16   # the lm-eval task target
+
+lm-eval runs with batch_size=auto unless --lmeval-batch-size says otherwise. On a CPU, HFLM's auto detection
+tries batches from 64 down and relies on an out-of-memory exception to back off; a CPU raises none, so on
+MMLU's 5-shot prompts (about 700 tokens, 64 x 700 x 50,257 float32 logits and their log-softmax, over 20 GiB) the
+kernel kills lm-eval instead. A fixed 16 fits.
 """
 
 from __future__ import annotations
@@ -70,8 +75,8 @@ def lmeval_logliks(out: Path, task: str) -> dict[int, list[float]]:
     return {int(s["doc_id"]): [float(x) for x in s["loglikelihood"]] for s in samples}
 
 
-def compare(group: Group, model: Path, work: Path, repeats: int, fixed_cost: bool, include_path: Path
-            ) -> tuple[list[object], list[object], list[str]]:
+def compare(group: Group, model: Path, work: Path, repeats: int, fixed_cost: bool, include_path: Path,
+            lmeval_batch: str = "auto") -> tuple[list[object], list[object], list[str]]:
     """lm-eval and raylm commands over the same tasks and rows, alternating (both see the same moments of a noisy
     machine), best of `repeats` each; and what each task's check says. With fixed_cost, each tool also runs on
     1 document per task and the split is printed."""
@@ -81,11 +86,11 @@ def compare(group: Group, model: Path, work: Path, repeats: int, fixed_cost: boo
     def lmeval_cmd(n: int | None, out: Path) -> list[str]:
         if group.lmeval:
             cmd = [sys.executable, str(LMEVAL_HF_REF), str(model), ",".join(group.tasks), str(out), "--include-path",
-                   str(include_path), "--batch-size", "auto", "--bootstrap-iters", str(LMEVAL_BOOTSTRAP_ITERS),
+                   str(include_path), "--batch-size", lmeval_batch, "--bootstrap-iters", str(LMEVAL_BOOTSTRAP_ITERS),
                    *(["--num-fewshot", str(group.shots)] if group.shots is not None else [])]
         else:
             cmd = [sys.executable, str(LMEVAL_REF), str(model), ",".join(group.tasks), str(out), "--batch-size",
-                   "auto", *(["--num-fewshot", str(group.shots)] if group.shots is not None else [])]
+                   lmeval_batch, *(["--num-fewshot", str(group.shots)] if group.shots is not None else [])]
         return cmd + (["--limit", str(n)] if n else [])
 
     def ours_cmd(n: int | None, out: Path) -> list[str]:
@@ -171,6 +176,8 @@ def main() -> None:
                              "e.g. hellaswag+winogrande; ':shots=K', ':limit=N' set a group's few-shot count and "
                              "limit, e.g. mmlu_local:shots=5:limit=20; names other than the native three are "
                              "lm-eval tasks")
+    parser.add_argument("--lmeval-batch-size", default="auto",
+                        help="lm-eval's --batch_size (default auto; see above for CPU runs on long prompts)")
     parser.add_argument("--include-path", type=Path,
                         help="lm-eval task YAMLs for both tools (default: mk_local_tasks.py's, for the mirror)")
     args = parser.parse_args()
@@ -183,7 +190,8 @@ def main() -> None:
     include_path = args.include_path or (local_tasks(work) if any(g.lmeval for g in groups) else None)
     table, checks = [], []
     for group in groups:
-        theirs, ours, group_checks = compare(group, model, work, args.repeats, args.fixed_cost, include_path)
+        theirs, ours, group_checks = compare(group, model, work, args.repeats, args.fixed_cost, include_path,
+                                             args.lmeval_batch_size)
         table += [theirs, ours]
         checks += group_checks
     if len(groups) > 1:
