@@ -24,11 +24,10 @@ from raylm.requests.shards import LMEVAL_KIND, ScoredShard, Shard, make_shards
 from raylm.requests.table import build_requests
 from raylm.results.checkpoint import Checkpoint, fingerprint
 from raylm.results.metrics import choice_metrics, rolling_metrics
-from raylm.results.model_identity import pin_revision
+from raylm.results.model_identity import pin_revision, scored_commit
 from raylm.results.report import EvalResult, TaskResult, prefix_sharing, run_summary
 from raylm.results.sums import merge
-from raylm.scoring.models import (ModelSpec, check_model_path, load_config, load_tokenizer, looks_local,
-                                  resolve_scorer)
+from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer, resolve_scorer
 from raylm.tasks import ChoiceDoc, get_task
 from raylm.tasks.base import with_fewshot
 
@@ -120,9 +119,6 @@ def driver_encoder(spec: ModelSpec) -> Encoder | MaskedEncoder:
     tokenizer = driver_tokenizer(spec)
     config = load_config(spec)
     kind = resolve_scorer(spec, config)
-    if kind == "causal" and spec.pll != "original":
-        raise RaylmError(f"--pll {spec.pll} applies to masked language models; '{spec.path}' is scored as a causal "
-                         "LM (pass --scorer mlm if it is a masked LM)")
     try:
         if kind == "mlm":
             return MaskedEncoder(tokenizer, masked_max_length(config, tokenizer))
@@ -246,7 +242,7 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
              "prefix_sharing": prefix_sharing(scored[s.index].prefix_sharing for s in shards),
              "requests_scored": sum(s.table.num_rows for s in todo), "shards_retried": report.retried,
              "shards_resumed": resumed, "actors_replaced": report.replaced, "ray_gcs_address": gcs_address(),
-             "model_commit": None if looks_local(cfg.model.path) else cfg.model.revision}
+             "model_commit": scored_commit(cfg.model)}
     log.info("%s", run_summary(extra, wall))
     return EvalResult(asked, results, wall, extra, lmeval)
 

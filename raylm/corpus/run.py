@@ -32,13 +32,12 @@ from raylm.requests.encoding import resolve_max_length
 from raylm.requests.masked import MaskedEncoder, masked_max_length
 from raylm.results.atomic import write_atomic
 from raylm.results.metrics import kl_metrics, ppl_metrics, pseudo_ppl_metrics
-from raylm.results.model_identity import pin_revision
+from raylm.results.model_identity import pin_revision, scored_commit
 from raylm.results.ownership import RESULTS, results_kind, tagged_schema
 from raylm.results.report import prefix_sharing, run_config
 from raylm.results.sums import corpus_batch_sums, merge
 from raylm.scoring.mlm import MASKED_PREFIX_SHARING
-from raylm.scoring.models import (ModelSpec, check_model_path, load_config, load_tokenizer, looks_local,
-                                  resolve_scorer)
+from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer, resolve_scorer
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +133,6 @@ def resolve_lengths(cfg: CorpusConfig) -> tuple[int, int, str]:
                              f"'{cfg.model.path if scorer == 'mlm' else cfg.model_b.path}' is a masked LM")
         check_same_tokenizer(tokenizer, tokenizer_b, cfg.model.path, cfg.model_b.path)
         limit = min(limit, limit_b)
-    if scorer == "causal" and cfg.model.pll != "original":
-        raise RaylmError(f"--pll {cfg.model.pll} applies to masked language models; '{cfg.model.path}' is scored "
-                         "as a causal LM (pass --scorer mlm if it is a masked LM)")
     max_length = cfg.max_length or limit
     if max_length > limit:
         raise RaylmError(f"--max-length {max_length} exceeds the model's context length {limit}")
@@ -180,7 +176,7 @@ def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
     sums, verdicts = _stream(scored, out_dir / "samples" / f"{label}.parquet", cfg.progress, cfg.data)
     metrics = {"ppl": ppl_metrics, "pseudo_ppl": pseudo_ppl_metrics, "kl": kl_metrics}[label](sums)
     sharing = {"ppl": prefix_sharing(verdicts), "pseudo_ppl": MASKED_PREFIX_SHARING, "kl": KL_PREFIX_SHARING}[label]
-    commits = [None if looks_local(m.path) else m.revision for m in (cfg.model, cfg.model_b) if m]
+    commits = [scored_commit(m) for m in (cfg.model, cfg.model_b) if m]
     result = CorpusResult(asked, metrics, max_length, stride, time.time() - start, commits, sharing, scorer)
     write_atomic(out_dir / RESULTS, json.dumps(results_dict(result), indent=2, default=str).encode())
     return result

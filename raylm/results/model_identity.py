@@ -31,6 +31,11 @@ def pin_revision(spec: ModelSpec) -> ModelSpec:
     return replace(spec, revision=hub_commit(spec.path, spec.revision))
 
 
+def scored_commit(spec: ModelSpec) -> str | None:
+    """What results.json records as the model's commit: a pinned hub model's, None for a local directory."""
+    return None if looks_local(spec.path) else spec.revision
+
+
 def hub_commit(repo_id: str, revision: str | None) -> str:
     """The commit a hub revision points to: asked of the hub, or with HF_HUB_OFFLINE=1 (or when the hub cannot
     be reached) read from the local cache's refs, which is what transformers would load offline."""

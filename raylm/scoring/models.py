@@ -165,9 +165,14 @@ def masked_or_causal(config) -> str:
 
 
 def resolve_scorer(spec: ModelSpec, config) -> str:
-    """The scorer a run uses: --scorer when given, else what the config says the model is."""
+    """The scorer a run uses: --scorer when given, else what the config says the model is. A PLL variant other
+    than the default asked of a causal LM is refused: it would be silently ignored."""
     check_choice("scorer", spec.scorer, SCORERS)
-    return masked_or_causal(config) if spec.scorer == "auto" else spec.scorer
+    scorer = masked_or_causal(config) if spec.scorer == "auto" else spec.scorer
+    if scorer == "causal" and spec.pll != PLL_VARIANTS[0]:
+        raise RaylmError(f"--pll {spec.pll} applies to masked language models; '{spec.path}' is scored as a causal "
+                         "LM (pass --scorer mlm if it is a masked LM)")
+    return scorer
 
 
 def load_model(spec: ModelSpec, kind: str = "causal") -> torch.nn.Module:
