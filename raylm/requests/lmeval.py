@@ -22,8 +22,7 @@ from lm_eval.utils import handle_non_serializable
 from raylm.errors import RaylmError
 from raylm.requests.encoding import Encoder
 from raylm.requests.masked import MaskedEncoder, MaskedRequest
-from raylm.requests.table import MASKED_COLUMNS
-from raylm.requests.windows import strided_windows
+from raylm.requests.table import Request as Encoded, request_tokens, rolling_windows, with_masked_columns
 from raylm.tasks.lmeval.build import Built, Request
 
 SCHEMA = pa.schema([
@@ -33,7 +32,7 @@ SCHEMA = pa.schema([
     ("context", pa.list_(pa.int32())),
     ("continuation", pa.list_(pa.int32())),
 ])
-MASKED_SCHEMA = pa.schema([*SCHEMA, *((name, pa.list_(pa.int32())) for name in MASKED_COLUMNS)])
+MASKED_SCHEMA = with_masked_columns(SCHEMA)
 
 
 Problem = tuple[str, int, int, int]  # (task, doc_id, idx, continuation tokens): 0 tokens, or too many to fit
@@ -49,8 +48,8 @@ def request_table(requests: list[Request], encoder: Encoder | MaskedEncoder,
     cols: dict[str, list] = {name: [] for name in schema.names}
     pairs = [r for r in requests if r.request_type != "loglikelihood_rolling"]
     encoded = iter(encoder.encode_pairs([r.arguments for r in pairs]))
-    windowed = iter(_rolling_windows(encoder, [r.arguments[0] for r in requests
-                                               if r.request_type == "loglikelihood_rolling"]))
+    windowed = iter(rolling_windows(encoder, [r.arguments[0] for r in requests
+                                              if r.request_type == "loglikelihood_rolling"]))
     problems = []
     for request in requests:
         if request.request_type == "loglikelihood_rolling":
@@ -58,9 +57,9 @@ def request_table(requests: list[Request], encoder: Encoder | MaskedEncoder,
         else:
             windows = [next(encoded)]
             if not _fits(windows[0], encoder.max_length):
-                problems.append((request, len(_pair(windows[0])[1])))
+                problems.append((request, len(request_tokens(windows[0])[1])))
         for window, item in enumerate(windows):
-            context, continuation = _pair(item)
+            context, continuation = request_tokens(item)
             for name, value in (("doc_id", request.doc_id), ("req_idx", request.idx), ("window", window),
                                 ("context", context), ("continuation", continuation)):
                 cols[name].append(value)
@@ -70,23 +69,9 @@ def request_table(requests: list[Request], encoder: Encoder | MaskedEncoder,
     return pa.table(cols, schema=schema.with_metadata(metadata)), problems
 
 
-Encoded = tuple[list[int], list[int]] | MaskedRequest
-
-
-def _rolling_windows(encoder: Encoder | MaskedEncoder, texts: list[str]) -> list[list[Encoded]]:
-    if isinstance(encoder, MaskedEncoder):
-        return encoder.document_windows(texts)
-    return [strided_windows(tokens, encoder.prefix_token, encoder.max_length, encoder.max_length)
-            for tokens in encoder.encode_many(texts)]
-
-
-def _pair(item: Encoded) -> tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]:
-    return (item.context, item.continuation) if isinstance(item, MaskedRequest) else item
-
-
 def _fits(item: Encoded, max_length: int) -> bool:
     """A masked request's context is already cut to fit; its continuation must fit with the special tokens."""
-    n = len(_pair(item)[1])
+    n = len(request_tokens(item)[1])
     return n > 0 and (item.length <= max_length if isinstance(item, MaskedRequest) else n <= max_length)
 
 

@@ -10,6 +10,7 @@ LM's table has two more columns (raylm.requests.masked): `following`, the tokens
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import pyarrow as pa
 
@@ -32,7 +33,14 @@ SCHEMA = pa.schema([
     ("bytes", pa.int64()),
 ])
 MASKED_COLUMNS = ("following", "word_ids")
-MASKED_SCHEMA = pa.schema([*SCHEMA, *((name, pa.list_(pa.int32())) for name in MASKED_COLUMNS)])
+
+
+def with_masked_columns(schema: pa.Schema) -> pa.Schema:
+    """A request schema with a masked LM's two extra token columns (lm-eval's request tables use it too)."""
+    return pa.schema([*schema, *((name, pa.list_(pa.int32())) for name in MASKED_COLUMNS)])
+
+
+MASKED_SCHEMA = with_masked_columns(SCHEMA)
 
 
 def build_requests(task: Task, docs: list[Doc], encoder: Encoder | MaskedEncoder) -> pa.Table:
@@ -53,6 +61,20 @@ def build_requests(task: Task, docs: list[Doc], encoder: Encoder | MaskedEncoder
 Request = tuple[list[int], list[int]] | MaskedRequest  # (context, continuation) for a causal LM
 
 
+def request_tokens(request: Request) -> tuple[Sequence[int], Sequence[int]]:
+    """(context, continuation) of a causal or a masked request."""
+    return (request.context, request.continuation) if isinstance(request, MaskedRequest) else request
+
+
+def rolling_windows(encoder: Encoder | MaskedEncoder, texts: list[str]) -> list[list[Request]]:
+    """Each text's windows for loglikelihood_rolling: lm-eval's (stride = max length, conditioned on the prefix
+    token) for a causal LM, the MaskedEncoder's own, scoring each token once, for a masked LM."""
+    if isinstance(encoder, MaskedEncoder):
+        return encoder.document_windows(texts)
+    return [strided_windows(tokens, encoder.prefix_token, encoder.max_length, encoder.max_length)
+            for tokens in encoder.encode_many(texts)]
+
+
 def _choice_requests(docs: list[ChoiceDoc], encoder: Encoder | MaskedEncoder, cols: dict[str, list]
                      ) -> list[Request]:
     pairs = [(c, k) for d in docs for c, k in zip(d.contexts, d.continuations)]
@@ -66,13 +88,8 @@ def _choice_requests(docs: list[ChoiceDoc], encoder: Encoder | MaskedEncoder, co
 
 def _rolling_requests(docs: list[TextDoc], encoder: Encoder | MaskedEncoder, cols: dict[str, list]
                       ) -> list[Request]:
-    if isinstance(encoder, MaskedEncoder):
-        windowed = encoder.document_windows([d.text for d in docs])
-    else:
-        windowed = [strided_windows(tokens, encoder.prefix_token, encoder.max_length, encoder.max_length)
-                    for tokens in encoder.encode_many([d.text for d in docs])]
     requests: list[Request] = []
-    for doc, windows in zip(docs, windowed):
+    for doc, windows in zip(docs, rolling_windows(encoder, [d.text for d in docs])):
         for req_idx, request in enumerate(windows):
             first = req_idx == 0
             _append(cols, doc.doc_id, req_idx, request, -1, 0, doc.words if first else 0, doc.bytes if first else 0)
@@ -85,9 +102,7 @@ def _append(cols: dict[str, list], doc_id: int, req_idx: int, request: Request, 
     if isinstance(request, MaskedRequest):
         cols["following"].append(request.following)
         cols["word_ids"].append(request.word_ids)
-        context, continuation = request.context, request.continuation
-    else:
-        context, continuation = request
+    context, continuation = request_tokens(request)
     for name, value in (("doc_id", doc_id), ("req_idx", req_idx), ("context", context),
                         ("continuation", continuation), ("gold", gold), ("norm_len", norm_len),
                         ("words", words), ("bytes", n_bytes)):
