@@ -28,6 +28,22 @@ def compose_file(path: Path, what: str) -> yaml.Node | None:
         raise RaylmError(f"{path}: {line}not valid YAML: {getattr(e, 'problem', e)}") from e
 
 
+def read_top(path: Path, what: str, allowed: tuple[str, ...], required: tuple[str, ...]
+             ) -> tuple[NodeReader, dict[str, yaml.Node]]:
+    """A YAML file's reader and its top-level mapping, checked: not empty, only `allowed` keys, every `required`
+    key present."""
+    root = compose_file(path, what)
+    r = NodeReader(path)
+    needs = " and ".join(f"'{key}'" for key in required)
+    if root is None:
+        raise RaylmError(f"{path}: line 1: the {what} is empty (it needs {needs})")
+    top = r.mapping(root, "", allowed)
+    for key in required:
+        if key not in top:
+            raise r.fail(root, key, f"missing (a {what} needs {needs})")
+    return r, top
+
+
 class NodeReader:
     """Turns nodes into checked values; every failure names the file, the node's line and the key path."""
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from raylm.data.yaml_nodes import NodeReader, compose_file
+from raylm.data.yaml_nodes import NodeReader, read_top
 from raylm.errors import RaylmError
 
 KEYS = ("templates", "fill", "targets")
@@ -48,14 +48,7 @@ class ProbeFile:
 
 
 def load_probes(path: Path) -> ProbeFile:
-    root = compose_file(path, "probe file")
-    r = NodeReader(path)
-    if root is None:
-        raise RaylmError(f"{path}: line 1: the probe file is empty (it needs 'templates' and 'targets')")
-    top = r.mapping(root, "", KEYS)
-    for required in ("templates", "targets"):
-        if required not in top:
-            raise r.fail(root, required, "missing (a probe file needs 'templates' and 'targets')")
+    r, top = read_top(path, "probe file", KEYS, ("templates", "targets"))
     fill = {}
     if "fill" in top:
         node = top["fill"]

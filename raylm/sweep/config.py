@@ -20,7 +20,7 @@ import yaml
 
 from raylm.config import EvalConfig
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
-from raylm.data.yaml_nodes import NodeReader, compose_file
+from raylm.data.yaml_nodes import NodeReader, read_top
 from raylm.errors import RaylmError
 from raylm.scoring.models import PLL_VARIANTS, QUANTIZATIONS, SCORERS, ModelSpec, check_choice, check_device, \
     check_dtype, looks_local
@@ -73,14 +73,7 @@ class Sweep:
 
 def load_sweep(path: Path) -> Sweep:
     """Parse and check a sweep file; relative model and data paths resolve against the file's directory."""
-    root = compose_file(path, "sweep file")
-    r = NodeReader(path)
-    if root is None:
-        raise RaylmError(f"{path}: line 1: the sweep file is empty (it needs at least 'models' and 'tasks')")
-    top = r.mapping(root, "", TOP_KEYS)
-    for required in ("models", "tasks"):
-        if required not in top:
-            raise r.fail(root, required, "missing (a sweep needs 'models' and 'tasks')")
+    r, top = read_top(path, "sweep file", TOP_KEYS, ("models", "tasks"))
     base = path.resolve().parent
     grid = r.mapping(top["settings"], "settings", SETTING_KEYS) if "settings" in top else {}
     models = _models(r, top["models"], grid, base, _device(r, top))
