@@ -75,10 +75,10 @@ def results_dict(result: EvalResult) -> dict[str, Any]:
     ours = lmeval_shape({n: t for n, t in result.tasks.items() if t.kind != LMEVAL_KIND}, cfg)
     theirs = result.lmeval or {}
 
-    def merged(key: str, ordered: bool = False) -> dict[str, Any]:
+    def merged(key: str, by_name: bool = False) -> dict[str, Any]:
         """Sorted by name (as lm-eval sorts these), or in the order the tasks were asked for: each native task in
         its place, lm-eval's block (its tasks, then its groups) where the first lm-eval name was."""
-        if ordered:
+        if by_name:
             return dict(sorted({**ours.get(key, {}), **theirs.get(key, {})}.items()))
         out: dict[str, Any] = {}
         for name in cfg.tasks:
@@ -89,10 +89,10 @@ def results_dict(result: EvalResult) -> dict[str, Any]:
         "results": merged("results"),
         **({"groups": theirs["groups"]} if theirs.get("groups") else {}),
         "group_subtasks": theirs.get("group_subtasks", {}),
-        "configs": merged("configs", ordered=True),  # sorted, as lm-eval writes these four
-        "versions": merged("versions", ordered=True),
-        "n-shot": merged("n-shot", ordered=True),
-        "higher_is_better": merged("higher_is_better", ordered=True),
+        "configs": merged("configs", by_name=True),  # sorted, as lm-eval writes these four
+        "versions": merged("versions", by_name=True),
+        "n-shot": merged("n-shot", by_name=True),
+        "higher_is_better": merged("higher_is_better", by_name=True),
         "n-samples": merged("n-samples"),
         "config": run_config(
             cfg.model, result.wall_s, dtype=cfg.model.dtype, quantization=cfg.model.quantization,
@@ -151,7 +151,7 @@ def write_samples(out_dir: Path, result: EvalResult) -> None:
         path = out_dir / "samples" / f"{name}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
         if task.kind == LMEVAL_KIND:
-            _write_lmeval_samples(out_dir, result, name)
+            _write_lmeval_samples(path, result, name)
             continue
         pq.write_table(tagged(task.scored), path)
         if task.kind == "multiple_choice":
@@ -161,15 +161,14 @@ def write_samples(out_dir: Path, result: EvalResult) -> None:
             pq.write_table(tagged(docs), out_dir / "samples" / f"{name}_docs.parquet")
 
 
-def _write_lmeval_samples(out_dir: Path, result: EvalResult, name: str) -> None:
+def _write_lmeval_samples(path: Path, result: EvalResult, name: str) -> None:
     from raylm.results.lmeval_samples import docs_table, requests_table
 
     samples = (result.lmeval or {}).get("samples")
     if samples is None:
         raise RaylmError(f"{name}: lm-eval's samples were not kept (run with log_samples)")
-    pq.write_table(tagged(requests_table(name, samples[name], result.tasks[name].scored)),
-                   out_dir / "samples" / f"{name}.parquet")
-    pq.write_table(tagged(docs_table(samples[name])), out_dir / "samples" / f"{name}_docs.parquet")
+    pq.write_table(tagged(requests_table(name, samples[name], result.tasks[name].scored)), path)
+    pq.write_table(tagged(docs_table(samples[name])), path.with_name(f"{name}_docs.parquet"))
 
 
 def results_json(result: EvalResult) -> str:
