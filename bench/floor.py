@@ -16,10 +16,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DATA, model_path, print_table  # noqa: E402
 
-from raylm.requests.encoding import Encoder, resolve_max_length  # noqa: E402
 from raylm.config import EvalConfig  # noqa: E402
 from raylm.evaluate import build_task_requests  # noqa: E402
-from raylm.scoring.models import ModelSpec, load_model, load_tokenizer  # noqa: E402
+from raylm.models.context import resolve_max_length  # noqa: E402
+from raylm.models.loading import load_model, load_tokenizer  # noqa: E402
+from raylm.models.spec import ModelSpec  # noqa: E402
+from raylm.requests.encoding import Encoder  # noqa: E402
 from raylm.scoring.packing import pack, plan_groups  # noqa: E402
 from raylm.scoring.scorer import Scorer  # noqa: E402
 

@@ -19,10 +19,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL  # noqa: E402
+from raylm.models.loading import load_tokenizer  # noqa: E402
+from raylm.models.spec import ModelSpec  # noqa: E402
 from raylm.requests.encoding import Encoder  # noqa: E402
-from raylm.scoring.models import ModelSpec, load_tokenizer  # noqa: E402
-from raylm.scoring.packing import pack, plan_groups  # noqa: E402
 from raylm.requests.table import build_requests  # noqa: E402
+from raylm.scoring.packing import pack, plan_groups  # noqa: E402
 from raylm.scoring.scorer import Scorer  # noqa: E402
 from raylm.tasks import get_task  # noqa: E402
 

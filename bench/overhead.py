@@ -22,14 +22,16 @@ from common import DATA, model_path, print_table  # noqa: E402
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from raylm.cluster.actors import score_shard  # noqa: E402
-from raylm.requests.encoding import Encoder, resolve_max_length  # noqa: E402
-from raylm.config import EvalConfig  # noqa: E402
-from raylm.evaluate import build_task_requests  # noqa: E402
-from raylm.scoring.models import ModelSpec, load_model, load_tokenizer  # noqa: E402
 from raylm.cluster.runtime import connect, start_actors  # noqa: E402
 from raylm.cluster.scheduler import run_shards  # noqa: E402
-from raylm.scoring.scorer import Scorer  # noqa: E402
+from raylm.config import EvalConfig  # noqa: E402
+from raylm.evaluate import build_task_requests  # noqa: E402
+from raylm.models.context import resolve_max_length  # noqa: E402
+from raylm.models.loading import load_model, load_tokenizer  # noqa: E402
+from raylm.models.spec import ModelSpec  # noqa: E402
+from raylm.requests.encoding import Encoder  # noqa: E402
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS, make_shards  # noqa: E402
+from raylm.scoring.scorer import Scorer  # noqa: E402
 
 
 def main() -> None:

@@ -133,7 +133,7 @@ def main() -> int:
     os.environ.pop("RAY_ADDRESS", None)
     import ray
 
-    from raylm.scoring.models import ModelSpec
+    from raylm.models.spec import ModelSpec
 
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
              object_store_memory=args.object_store_mb * 2**20)

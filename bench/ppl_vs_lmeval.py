@@ -41,7 +41,7 @@ def run_lmeval(model: str, texts: list[str], batch_size: int) -> tuple[list[floa
 
 def run_raylm(model: str, texts: list[str], actors: int, tmp: Path) -> tuple[list[float], int, float]:
     from raylm.corpus.run import CorpusConfig, run_corpus
-    from raylm.scoring.models import ModelSpec
+    from raylm.models.spec import ModelSpec
 
     pq.write_table(pa.table({"text": texts}), tmp / "docs.parquet")
     start = time.time()

@@ -18,11 +18,11 @@ import time
 import psutil
 import ray
 
+from raylm.cluster.runtime import start_actors
 from raylm.config import EvalConfig
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.evaluate import evaluate
-from raylm.scoring.models import ModelSpec
-from raylm.cluster.runtime import start_actors
+from raylm.models.spec import ModelSpec
 
 MAX_GROWTH = 1.10
 

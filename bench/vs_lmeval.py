@@ -31,8 +31,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (DATA, LMEVAL_HF_REF, LMEVAL_REF, MK_LOCAL_TASKS, env, model_path, max_abs_diff,  # noqa: E402
-                    print_fixed_cost_split, print_table, raylm_cmd, raylm_logliks, same_predictions, timed)
+from common import (  # noqa: E402
+    DATA,
+    LMEVAL_HF_REF,
+    LMEVAL_REF,
+    MK_LOCAL_TASKS,
+    env,
+    max_abs_diff,
+    model_path,
+    print_fixed_cost_split,
+    print_table,
+    raylm_cmd,
+    raylm_logliks,
+    same_predictions,
+    timed,
+)
 
 PERPLEXITY_METRICS = ("word_perplexity", "byte_perplexity", "bits_per_byte")
 NATIVE = ("hellaswag", "winogrande", "wikitext")

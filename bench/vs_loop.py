@@ -13,8 +13,17 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (DATA, model_path, print_fixed_cost_split, print_table, raylm_cmd, raylm_logliks,  # noqa: E402
-                    max_abs_diff, same_predictions, timed)
+from common import (  # noqa: E402
+    DATA,
+    max_abs_diff,
+    model_path,
+    print_fixed_cost_split,
+    print_table,
+    raylm_cmd,
+    raylm_logliks,
+    same_predictions,
+    timed,
+)
 
 
 def naive_loop(model_dir: str, tasks: list[str], rows: int | None, out: Path) -> None:
@@ -22,10 +31,12 @@ def naive_loop(model_dir: str, tasks: list[str], rows: int | None, out: Path) ->
     import torch
     from transformers import AutoModelForCausalLM
 
-    from raylm.requests.encoding import Encoder, resolve_max_length
     from raylm.config import EvalConfig
     from raylm.evaluate import build_task_requests
-    from raylm.scoring.models import ModelSpec, load_tokenizer
+    from raylm.models.context import resolve_max_length
+    from raylm.models.loading import load_tokenizer
+    from raylm.models.spec import ModelSpec
+    from raylm.requests.encoding import Encoder
 
     spec = ModelSpec(model_dir)
     tokenizer = load_tokenizer(spec)

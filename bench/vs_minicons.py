@@ -76,7 +76,8 @@ def counted_work(model: Path, pairs: list[tuple[str, str]], minicons_batch: int)
     call's sentences padded to the call's longest sentence, the head at every position."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from raylm.requests.masked import UNSCORED, MaskedEncoder, masked_max_length
+    from raylm.models.context import masked_max_length
+    from raylm.requests.masked import UNSCORED, MaskedEncoder
     from raylm.scoring.batching import budget_batches
     from raylm.scoring.scorer import cpu_token_budget
 

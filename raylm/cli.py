@@ -12,10 +12,10 @@ from raylm.corpus.read import DEFAULT_DOCS_PER_BATCH, FORMATS as CORPUS_FORMATS
 from raylm.results.atomic import write_atomic
 from raylm.errors import RaylmError, RemoteError
 from raylm.config import (DEFAULT_BOOTSTRAP_ITERS, DEFAULT_FEWSHOT_SEED, DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED,
-                          EvalConfig)
+                          EvalConfig, parse_batch_size)
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.evaluate import evaluate
-from raylm.scoring.models import DTYPES, PLL_VARIANTS, SCORERS, ModelSpec
+from raylm.models.spec import DTYPES, PLL_VARIANTS, SCORERS, ModelSpec
 from raylm.results.report import format_table, prepare_output, write_results, write_samples
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS
 from raylm.tasks import TASKS
@@ -24,11 +24,10 @@ ERROR_LOG = "raylm-error.log"  # under the output directory: the remote tracebac
 
 
 def _batch_size(text: str) -> int | None:
-    if text == "auto":
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be 'auto' or a positive integer, got {text!r}")
-    return int(text)
+    try:
+        return parse_batch_size(text, "")
+    except RaylmError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _seeds(text: str) -> tuple[int | None, ...]:
@@ -57,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--include-path", type=Path, help="directory of your own lm-eval task YAMLs (lm-eval's flag)")
     ev.add_argument("--limit", type=int, help="first N documents of each task")
     ev.add_argument("--num-fewshot", type=int, help="few-shot examples (default: each lm-eval task's own; native 0)")
+    ev.add_argument("--max-length", type=int, help="context length requests are left-truncated to and rolling "
+                                                   "windows cut to (lm-eval's max_length; default: the model's)")
     ev.add_argument("--bootstrap-iters", type=int, default=DEFAULT_BOOTSTRAP_ITERS,
                     help="bootstrap draws for the stderr of lm-eval metrics that need them (0: no stderr)")
     ev.add_argument("--batch-size", type=_batch_size, default=None, help="'auto' (token budget) or N requests")
@@ -107,7 +108,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         raise RaylmError("--model is required (or use --demo)")
     quantization = "4bit" if args.load_in_4bit else "8bit" if args.load_in_8bit else None
     spec = ModelSpec(model, args.dtype, args.device, args.revision, args.trust_remote_code, args.allow_pickle,
-                     quantization, args.scorer, args.pll)
+                     quantization, args.scorer, args.pll, args.max_length)
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     random_seed, numpy_seed, torch_seed, fewshot_seed = args.seed
     return EvalConfig(spec, tasks, data_dir, args.limit, args.num_fewshot, fewshot_seed, args.batch_size, args.actors,

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raylm.errors import RaylmError
+from raylm.models.spec import ModelSpec
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS
-from raylm.scoring.models import ModelSpec
 from raylm.tasks import TASKS
 
 # lm-eval's seeds (lm_eval.defaults): Python's `random` 0, numpy, torch and the few-shot sampler 1234.
@@ -20,6 +20,16 @@ DEFAULT_FEWSHOT_SEED = DEFAULT_OTHER_SEED
 DEFAULT_BOOTSTRAP_ITERS = 100000  # lm_eval.simple_evaluate's default
 
 
+def parse_batch_size(value: int | str | None, what: str = "batch_size") -> int | None:
+    """lm-eval's batch_size ("auto", "auto:N", N) as raylm's: None fills a token budget, N caps requests per batch.
+    The one reading of it for the command line, sweep files and RayLM's model_args."""
+    if value is None or str(value).startswith("auto"):
+        return None
+    if not str(value).isdigit() or int(value) < 1:
+        raise RaylmError(f"{what + ' ' if what else ''}must be 'auto' or a positive integer, got {value!r}")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     model: ModelSpec
@@ -27,7 +37,7 @@ class EvalConfig:
     data_dir: Path | None = None
     limit: int | None = None
     num_fewshot: int | None = None  # None: each lm-eval task's own default (native tasks: 0)
-    seed: int | None = DEFAULT_FEWSHOT_SEED  # the few-shot sampler's
+    fewshot_seed: int | None = DEFAULT_FEWSHOT_SEED  # the few-shot sampler's (lm-eval's fewshot_random_seed)
     batch_size: int | None = None
     actors: int | None = None
     shard_requests: int = DEFAULT_SHARD_REQUESTS
@@ -51,7 +61,7 @@ class EvalConfig:
     @property
     def seeds(self) -> tuple[int | None, int | None, int | None, int | None]:
         """lm-eval's four seeds: random, numpy, torch, few-shot."""
-        return self.random_seed, self.numpy_seed, self.torch_seed, self.seed
+        return self.random_seed, self.numpy_seed, self.torch_seed, self.fewshot_seed
 
     def validate(self) -> None:
         if not self.tasks:

@@ -14,20 +14,23 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from raylm.cluster.checkpoint import Checkpoint, fingerprint
 from raylm.cluster.runtime import ActorHandle, LaunchedActors, connect, gcs_address, plan_actors
 from raylm.cluster.scheduler import ScheduleReport, score_shards
+from raylm.cluster.scored import ScoredShard
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
-from raylm.requests.encoding import Encoder, resolve_max_length
-from raylm.requests.masked import MaskedEncoder, masked_max_length
-from raylm.requests.shards import LMEVAL_KIND, ScoredShard, Shard, make_shards
+from raylm.models.context import context_length
+from raylm.models.identity import pin_revision, scored_commit
+from raylm.models.loading import load_config, load_tokenizer, resolve_scorer
+from raylm.models.spec import ModelSpec, check_model_path
+from raylm.requests.encoding import Encoder
+from raylm.requests.masked import MaskedEncoder
+from raylm.requests.shards import LMEVAL_KIND, Shard, make_shards
 from raylm.requests.table import build_requests
-from raylm.results.checkpoint import Checkpoint, fingerprint
 from raylm.results.metrics import choice_metrics, rolling_metrics
-from raylm.results.model_identity import pin_revision, scored_commit
 from raylm.results.report import EvalResult, TaskResult, prefix_sharing, run_summary
 from raylm.results.sums import merge
-from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer, resolve_scorer
 from raylm.tasks import ChoiceDoc, get_task
 from raylm.tasks.base import with_fewshot
 
@@ -63,7 +66,8 @@ def load_task_docs(cfg: EvalConfig) -> TaskDocs:
             if task.load_fewshot_pool is None:
                 raise RaylmError(f"{name}: has no few-shot pool")
             pool = task.load_fewshot_pool(cfg.data_dir)
-            docs = with_fewshot(task, [d for d in docs if isinstance(d, ChoiceDoc)], pool, cfg.num_fewshot, cfg.seed)
+            docs = with_fewshot(task, [d for d in docs if isinstance(d, ChoiceDoc)], pool, cfg.num_fewshot,
+                                cfg.fewshot_seed)
         elif cfg.num_fewshot:
             log.warning("%s is scored zero-shot: few-shot examples do not apply to rolling loglikelihood", name)
         out[name] = (docs, original)
@@ -119,10 +123,11 @@ def driver_encoder(spec: ModelSpec) -> Encoder | MaskedEncoder:
     tokenizer = driver_tokenizer(spec)
     config = load_config(spec)
     kind = resolve_scorer(spec, config)
+    max_length = context_length(spec, config, kind, tokenizer)
     try:
         if kind == "mlm":
-            return MaskedEncoder(tokenizer, masked_max_length(config, tokenizer))
-        encoder = Encoder(tokenizer, resolve_max_length(config, tokenizer))
+            return MaskedEncoder(tokenizer, max_length)
+        encoder = Encoder(tokenizer, max_length)
     except ValueError as e:
         raise RaylmError(str(e)) from e
     log.info("empty contexts and rolling windows are conditioned on token %d (%r)", encoder.prefix_token,
@@ -199,7 +204,7 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
             checkpoint = None
             if cfg.output is not None:
                 manifest = fingerprint(scored_spec(cfg.model, encoder), cfg.tasks, tables, shards, cfg.num_fewshot,
-                                       cfg.seed, cfg.limit)
+                                       cfg.fewshot_seed, cfg.limit)
                 checkpoint = Checkpoint.open(cfg.output, manifest, cfg.overwrite)
             scored = checkpoint.load(shards) if checkpoint else {}
             resumed = len(scored)
@@ -250,7 +255,8 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
 def _lmeval_results(cfg: EvalConfig, built: Built, tables: Tables, results: dict[str, TaskResult]) -> dict[str, Any]:
     """lm-eval's results for its tasks, from their scores, through lm-eval itself; each task's metrics and
     document count also go on its TaskResult."""
-    from raylm.results.lmeval import results as lmeval_results, task_scores
+    from raylm.results.lmeval import results as lmeval_results
+    from raylm.results.lmeval import task_scores
 
     scores = {}
     for name in built.tasks["tasks"]:

@@ -13,10 +13,10 @@ from pathlib import Path
 import ray
 from ray.cluster_utils import Cluster
 
+from raylm.cluster.runtime import start_actors
 from raylm.config import EvalConfig
 from raylm.evaluate import evaluate
-from raylm.scoring.models import ModelSpec
-from raylm.cluster.runtime import start_actors
+from raylm.models.spec import ModelSpec
 
 TASKS = ("hellaswag", "winogrande", "wikitext")
 STORE_BYTES = 100 * 1024**2

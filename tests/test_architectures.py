@@ -16,26 +16,27 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+import tiny_families as fam
 import torch
 import transformers
+from conftest import DATA, STORIES
+from reference import float64_copy, reference_score
+from reference_corpus import reference_kl, reference_strided_nll
 from transformers import AutoTokenizer
 
-import tiny_families as fam
-from conftest import DATA, STORIES
 from raylm.cluster.actors import ScoringActor
 from raylm.corpus import doc_scoring
 from raylm.corpus.doc_scoring import PREFIX_SHARING_COLUMN, DocPerplexity
+from raylm.models.loading import load_implementation, load_model
+from raylm.models.spec import ModelSpec
 from raylm.requests.encoding import Encoder
 from raylm.requests.table import build_requests
 from raylm.requests.windows import strided_windows
-from raylm.scoring.attention import ONE_TENSOR, AttentionPlan, attention_plan, load_implementation
+from raylm.scoring.attention import ONE_TENSOR, AttentionPlan, attention_plan
 from raylm.scoring.kl import KLScorer
-from raylm.scoring.models import ModelSpec, load_model
 from raylm.scoring.scorer import HeadMisuse, Scorer
 from raylm.scoring.startup_check import checked_plan, packing_check
 from raylm.tasks import get_task
-from reference import float64_copy, reference_score
-from reference_corpus import reference_kl, reference_strided_nll
 
 MAX_LENGTH = fam.CONTEXT
 STRIDE = 64
@@ -431,7 +432,7 @@ def test_load_implementation_is_explicit_and_a_stated_one_is_left_alone(zoo):
 
 
 def test_load_model_asks_for_the_implementation_load_implementation_chooses(zoo, monkeypatch):
-    import raylm.scoring.models as models
+    import raylm.models.loading as models
 
     monkeypatch.setattr(models, "load_implementation", lambda config, trust_remote_code: EAGER)
     assert load_model(zoo.spec("llama")).config._attn_implementation == EAGER

@@ -7,10 +7,10 @@ import logging
 import shutil
 
 import pytest
-
 from conftest import GPT2_TOKENIZER
-from raylm.results.checkpoint import CHECKPOINT_DIR, MANIFEST
+
 from raylm.cli import main
+from raylm.cluster.checkpoint import CHECKPOINT_DIR, MANIFEST
 
 HS = {"activity_label": "A", "ctx_a": "b", "ctx_b": "c", "endings": ["x", "y"], "label": 1}
 WG = {"sentence": "a _ b", "option1": "x", "option2": "y", "answer": "1"}

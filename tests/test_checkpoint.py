@@ -8,12 +8,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raylm.results.checkpoint import CHECKPOINT_DIR, MANIFEST, Checkpoint
-from raylm.results.ownership import tagged
+from raylm.cluster.checkpoint import CHECKPOINT_DIR, MANIFEST, Checkpoint
+from raylm.cluster.scored import ScoredShard
 from raylm.errors import RaylmError
-from raylm.requests.shards import ScoredShard
-from raylm.results.sums import shard_sums
 from raylm.requests.shards import Shard
+from raylm.results.ownership import tagged
+from raylm.results.sums import shard_sums
 
 REQUESTS = pa.table({"doc_id": [0, 0, 1, 1], "req_idx": [0, 1, 0, 1], "gold": [1, 1, 0, 0], "norm_len": [3, 4, 5, 6]})
 SHARDS = [Shard("hellaswag", "multiple_choice", 0, REQUESTS.slice(0, 2)),

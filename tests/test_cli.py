@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import DATA, run_cli
+
 from raylm.cli import build_parser
 
 

@@ -9,19 +9,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from conftest import DATA, run_cli
-from raylm.corpus.run import CorpusConfig, results_dict, run_corpus
-from raylm.corpus.doc_scoring import DocPerplexity
-from raylm.errors import RaylmError
-from raylm.config import EvalConfig
-from raylm.evaluate import evaluate
-from raylm.results.ownership import is_raylm_parquet
-from raylm.scoring.models import ModelSpec
-from raylm.tasks.wikitext import load_docs as wikitext_docs
 from reference import float64_copy
 from reference_corpus import reference_strided_nll
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from raylm.config import EvalConfig
+from raylm.corpus.doc_scoring import DocPerplexity
+from raylm.corpus.run import CorpusConfig, results_dict, run_corpus
+from raylm.errors import RaylmError
+from raylm.evaluate import evaluate
+from raylm.models.spec import ModelSpec
+from raylm.results.ownership import is_raylm_parquet
+from raylm.tasks.wikitext import load_docs as wikitext_docs
 
 COUNTS = ("docs", "tokens", "words", "bytes", "chars")
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from conftest import STORIES
 from lm_eval.api.model import TemplateLM
 from transformers import AutoTokenizer
 
-from conftest import STORIES
 from raylm.errors import RaylmError
 from raylm.requests.encoding import Encoder
 

@@ -9,15 +9,17 @@ import sys
 
 import pytest
 import ray
-
 from conftest import DATA
+
+from raylm.cluster.runtime import start_actors
 from raylm.config import EvalConfig
 from raylm.evaluate import build_task_requests, evaluate
-from raylm.requests.encoding import Encoder, resolve_max_length
+from raylm.models.context import resolve_max_length
+from raylm.models.loading import load_config, load_tokenizer
+from raylm.models.spec import ModelSpec
+from raylm.requests.encoding import Encoder
 from raylm.results.metrics import choice_metrics, rolling_metrics
 from raylm.results.report import results_dict
-from raylm.scoring.models import ModelSpec, load_config, load_tokenizer
-from raylm.cluster.runtime import start_actors
 from raylm.results.sums import merge, shard_sums
 from raylm.tasks import get_task
 
@@ -135,7 +137,8 @@ def test_bad_data_fails_before_any_actor_is_launched(ray_session, tiny_llama, tm
 
 ACTOR_NICENESS = """
 import os, sys, psutil, ray
-from raylm.scoring.models import ModelSpec, load_config, load_tokenizer
+from raylm.models.spec import ModelSpec
+from raylm.models.loading import load_config, load_tokenizer
 from raylm.cluster.runtime import connect, plan_actors
 connect()
 recipe, _ = plan_actors(ModelSpec(sys.argv[1], "float32", "cpu"), 1, None, num_cpus=1)

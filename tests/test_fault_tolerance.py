@@ -11,18 +11,19 @@ from dataclasses import replace
 import pytest
 import ray
 import ray.cloudpickle
-
+from conftest import DATA
 from transformers import AutoConfig
 
-from conftest import DATA
 from raylm.cluster.actors import ScoringActor
-from raylm.errors import RaylmError, RemoteError
-from raylm.config import EvalConfig
-from raylm.evaluate import build_task_requests, evaluate
-from raylm.requests.encoding import Encoder, resolve_max_length
-from raylm.scoring.models import ModelSpec, load_tokenizer
 from raylm.cluster.runtime import ActorRecipe, LaunchedActors, start_actors
 from raylm.cluster.scheduler import run_shards
+from raylm.config import EvalConfig
+from raylm.errors import RaylmError, RemoteError
+from raylm.evaluate import build_task_requests, evaluate
+from raylm.models.context import resolve_max_length
+from raylm.models.loading import load_tokenizer
+from raylm.models.spec import ModelSpec
+from raylm.requests.encoding import Encoder
 from raylm.requests.shards import make_shards
 
 TASKS = ("hellaswag", "winogrande", "wikitext")

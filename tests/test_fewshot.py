@@ -12,18 +12,20 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from conftest import DATA, SHARED, STORIES
+
 from raylm.cluster.actors import score_shard
 from raylm.config import EvalConfig
 from raylm.data.rows import Row, read_jsonl
 from raylm.errors import RaylmError
 from raylm.evaluate import build_task_requests
-from raylm.requests.encoding import Encoder, resolve_max_length
+from raylm.models.context import resolve_max_length
+from raylm.models.loading import load_model, load_tokenizer
+from raylm.models.spec import ModelSpec
+from raylm.requests.encoding import Encoder
 from raylm.results.metrics import choice_metrics
 from raylm.results.predictions import choice_predictions
 from raylm.results.sums import shard_sums
-from raylm.scoring.models import ModelSpec, load_model, load_tokenizer
 from raylm.scoring.scorer import Scorer
 from raylm.tasks import hellaswag, winogrande
 from raylm.tasks.base import with_fewshot

@@ -10,16 +10,18 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import DATA, GOLDEN, STORIES
+
 from raylm.cluster.actors import score_shard
-from raylm.requests.encoding import Encoder, resolve_max_length
 from raylm.config import EvalConfig
 from raylm.evaluate import build_task_requests
+from raylm.models.context import resolve_max_length
+from raylm.models.loading import load_model, load_tokenizer
+from raylm.models.spec import ModelSpec
+from raylm.requests.encoding import Encoder
 from raylm.results.metrics import choice_metrics, rolling_metrics
-from raylm.scoring.models import ModelSpec, load_model, load_tokenizer
-from raylm.scoring.scorer import Scorer
 from raylm.results.predictions import choice_predictions
+from raylm.scoring.scorer import Scorer
 from raylm.tasks import get_task
 
 

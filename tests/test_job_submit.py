@@ -27,11 +27,13 @@ from pathlib import Path
 import pytest
 
 from raylm.cluster.actors import score_shard
-from raylm.data.demo import DEMO_DATA, DEMO_MODEL
-from raylm.requests.encoding import Encoder, resolve_max_length
 from raylm.config import EvalConfig
+from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.evaluate import build_task_requests
-from raylm.scoring.models import ModelSpec, load_model, load_tokenizer
+from raylm.models.context import resolve_max_length
+from raylm.models.loading import load_model, load_tokenizer
+from raylm.models.spec import ModelSpec
+from raylm.requests.encoding import Encoder
 from raylm.scoring.scorer import Scorer
 
 pytestmark = pytest.mark.cluster

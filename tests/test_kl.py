@@ -7,14 +7,14 @@ import copy
 import numpy as np
 import pytest
 import torch
+from conftest import GPT2_TOKENIZER, STORIES
+from reference import float64_copy
+from reference_corpus import reference_kl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import GPT2_TOKENIZER, STORIES
 from raylm.corpus.run import check_same_tokenizer
 from raylm.errors import RaylmError
 from raylm.scoring.kl import KLScorer
-from reference import float64_copy
-from reference_corpus import reference_kl
 
 MAX_LENGTH = 128
 

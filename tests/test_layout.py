@@ -17,17 +17,18 @@ ALLOWED = {
     "data": set(),
     "tasks": {"data"},
     "requests": {"tasks"},
-    "scoring": set(),
-    "config": {"requests", "scoring", "tasks"},
-    "results": {"config", "requests", "scoring", "tasks"},
-    "cluster": {"requests", "results", "scoring"},
-    "corpus": {"cluster", "data", "requests", "results", "scoring"},
-    "evaluate": {"cluster", "config", "requests", "results", "scoring", "tasks"},
-    "sweep": {"cluster", "config", "data", "evaluate", "results", "scoring", "tasks"},
-    "probe": {"data", "results", "scoring"},
-    "cli": {"cluster", "config", "corpus", "data", "evaluate", "probe", "requests", "results", "scoring", "sweep",
-            "tasks"},
-    "lm_eval": {"cluster", "requests", "scoring", "tasks"},
+    "models": set(),
+    "scoring": {"models", "requests"},
+    "config": {"models", "requests", "tasks"},
+    "results": {"config", "models", "requests", "tasks"},
+    "cluster": {"models", "requests", "results", "scoring"},
+    "corpus": {"cluster", "data", "models", "requests", "results", "scoring"},
+    "evaluate": {"cluster", "config", "models", "requests", "results", "scoring", "tasks"},
+    "sweep": {"cluster", "config", "data", "evaluate", "models", "results", "scoring", "tasks"},
+    "probe": {"data", "models", "results", "scoring"},
+    "cli": {"cluster", "config", "corpus", "data", "evaluate", "models", "probe", "requests", "results", "scoring",
+            "sweep", "tasks"},
+    "api": {"cluster", "config", "models", "requests", "scoring", "tasks"},
     "__main__": {"cli"},
 }
 RAY_USERS = {"cluster", "corpus"}
@@ -69,7 +70,7 @@ def test_every_package_is_covered():
 def test_scoring_runs_without_ray_installed():
     """The scorer is plain torch: importable, and usable, in a process where `import ray` fails."""
     probe = ("import sys; sys.modules['ray'] = None\n"
-             "import raylm.scoring.scorer, raylm.scoring.kl, raylm.scoring.models, raylm.scoring.packing, "
+             "import raylm.scoring.scorer, raylm.scoring.kl, raylm.models.loading, raylm.scoring.packing, "
              "raylm.scoring.mlm\n"
              "print('ok')")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)

@@ -14,22 +14,22 @@ import lm_eval
 import pyarrow.parquet as pq
 import pytest
 import ray
+from conftest import DATA, GOLDEN, STORIES, run_cli
 from lm_eval.result_schema import EvalResults
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import make_table
 from pydantic import TypeAdapter, ValidationError
+from test_resume import checkpointed, kill_after_checkpoints
 
-from conftest import DATA, GOLDEN, STORIES, run_cli
+from raylm.api import RayLM
 from raylm.cli import main
+from raylm.cluster.checkpoint import CHECKPOINT_DIR, MANIFEST
 from raylm.cluster.runtime import start_actors
 from raylm.config import EvalConfig
 from raylm.evaluate import evaluate
-from raylm.lm_eval import RayLM
-from raylm.results.checkpoint import CHECKPOINT_DIR, MANIFEST
-from raylm.scoring.models import ModelSpec
+from raylm.models.spec import ModelSpec
 from raylm.sweep.config import load_sweep
 from raylm.sweep.run import run_sweep
-from test_resume import checkpointed, kill_after_checkpoints
 
 # lm-eval tasks (multiple choice, a group, a rolling task), then two native tasks
 TASKS = ("arc_easy_local", "mmlu_local", "boolq_text_local", "hellaswag", "wikitext")
@@ -303,7 +303,7 @@ def test_simple_evaluate_on_raylm_actors_gives_raylm_evals_numbers(ray_session, 
 
 
 def test_raylm_is_an_lm_eval_model_name_without_hiding_lm_evals_own():
-    probe = ("import raylm.lm_eval\nfrom lm_eval.api.registry import get_model\n"
+    probe = ("import raylm.api\nfrom lm_eval.api.registry import get_model\n"
              "print(get_model('hf').__name__, get_model('raylm').__name__)")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.split() == ["HFLM", "RayLM"], proc.stderr[-2000:]

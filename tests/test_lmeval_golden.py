@@ -22,15 +22,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-
 from conftest import DATA, SHARED, STORIES
+
 from raylm.cluster.actors import score_shard
 from raylm.config import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED
-from raylm.requests.encoding import Encoder, resolve_max_length
+from raylm.models.context import resolve_max_length
+from raylm.models.loading import load_model, load_tokenizer
+from raylm.models.spec import ModelSpec
+from raylm.requests.encoding import Encoder
 from raylm.requests.lmeval import request_tables
 from raylm.requests.shards import LMEVAL_KIND
 from raylm.results.lmeval import results, task_scores
-from raylm.scoring.models import ModelSpec, load_model, load_tokenizer
 from raylm.scoring.scorer import Scorer
 from raylm.tasks.lmeval.build import load_and_build
 from raylm.tasks.lmeval.names import select

@@ -9,17 +9,18 @@ import subprocess
 import sys
 
 import pytest
+from conftest import STORIES
 from lm_eval.tasks import TaskManager
 from lm_eval.tasks._yaml_loader import load_yaml
 
-from conftest import STORIES
 from raylm.cli import DEFAULT_SEEDS, build_parser
+from raylm.cluster.checkpoint import table_digest
 from raylm.errors import RaylmError
+from raylm.models.loading import load_tokenizer
+from raylm.models.spec import ModelSpec
 from raylm.requests.encoding import Encoder
 from raylm.requests.lmeval import request_tables
-from raylm.results.checkpoint import table_digest
 from raylm.results.native import MIRRORS
-from raylm.scoring.models import ModelSpec, load_tokenizer
 from raylm.tasks.lmeval import index_cache
 from raylm.tasks.lmeval.build import load_and_build
 from raylm.tasks.lmeval.names import _include_path_manager, select

@@ -13,16 +13,16 @@ import lm_eval
 import numpy as np
 import pyarrow as pa
 import pytest
+from conftest import STORIES
 from lm_eval.api.model import LM
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import handle_non_serializable, make_table
 
-from conftest import STORIES
 from raylm.config import EvalConfig
+from raylm.models.spec import ModelSpec
 from raylm.results.lmeval import results
 from raylm.results.native import task_entry
 from raylm.results.report import EvalResult, TaskResult, format_table, results_dict
-from raylm.scoring.models import ModelSpec
 from raylm.tasks.lmeval.build import load_and_build
 from raylm.tasks.lmeval.names import select
 

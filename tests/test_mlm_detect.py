@@ -4,14 +4,23 @@ trained masked-LM head refused, and --pll refused where it means nothing."""
 from __future__ import annotations
 
 import pytest
-from transformers import (AutoConfig, BertConfig, BertModel, ElectraConfig, ElectraForPreTraining, GPT2Config,
-                          LlamaConfig, PretrainedConfig)
+from transformers import (
+    AutoConfig,
+    BertConfig,
+    BertModel,
+    ElectraConfig,
+    ElectraForPreTraining,
+    GPT2Config,
+    LlamaConfig,
+    PretrainedConfig,
+)
 
 from raylm.errors import RaylmError
 from raylm.evaluate import driver_encoder
+from raylm.models.loading import load_model, masked_or_causal, resolve_scorer
+from raylm.models.spec import ModelSpec
 from raylm.requests.encoding import Encoder
 from raylm.requests.masked import MaskedEncoder
-from raylm.scoring.models import ModelSpec, load_model, masked_or_causal, resolve_scorer
 
 SMALL = dict(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
 
@@ -80,7 +89,7 @@ def test_masked_lm_loads_with_its_head(tiny_bert):
 
 def test_lm_evals_python_api_refuses_a_masked_lm_in_one_line(tiny_bert):
     """RayLM tokenises as HFLM does, for causal LMs; a masked LM is pointed to `raylm eval` before any Ray work."""
-    from raylm.lm_eval import RayLM
+    from raylm.api import RayLM
 
     with pytest.raises(RaylmError, match=r"is a masked LM: RayLM scores causal LMs"):
         RayLM(pretrained=str(tiny_bert))

@@ -10,21 +10,21 @@ from pathlib import Path
 
 import pytest
 import ray
+from conftest import DATA
+from reference_masked import reference_pll
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-from conftest import DATA
 from raylm.cli import main
 from raylm.cluster.runtime import start_actors
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
 from raylm.evaluate import build_task_requests, driver_encoder, evaluate
-from raylm.scoring.models import ModelSpec
+from raylm.models.spec import ModelSpec
 from raylm.sweep.config import load_sweep
 from raylm.sweep.run import run_sweep
 from raylm.tasks.lmeval.build import load_and_build
 from raylm.tasks.lmeval.names import select
 from raylm.tasks.wikitext import load_docs as wikitext_docs
-from reference_masked import reference_pll
 
 TASKS = ("hellaswag", "winogrande", "wikitext")
 LIMIT = 4

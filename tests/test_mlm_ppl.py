@@ -8,15 +8,15 @@ import math
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import DATA
+from reference_masked import reference_pll
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-from conftest import DATA
 from raylm.corpus.doc_scoring import DocPseudoPerplexity
 from raylm.corpus.run import CorpusConfig, run_corpus
 from raylm.errors import RaylmError
+from raylm.models.spec import ModelSpec
 from raylm.requests.masked import UNSCORED
-from raylm.scoring.models import ModelSpec
-from reference_masked import reference_pll
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,11 @@ import random
 
 import pytest
 import torch
+from conftest import DATA
 from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
 
-from conftest import DATA
-from raylm.requests.masked import UNSCORED, MaskedEncoder, masked_max_length
+from raylm.models.context import masked_max_length
+from raylm.requests.masked import UNSCORED, MaskedEncoder
 
 
 @pytest.fixture(scope="module", params=["tiny_bert", "tiny_roberta"])

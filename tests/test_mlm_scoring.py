@@ -8,19 +8,32 @@ import random
 import numpy as np
 import pytest
 import torch
-from transformers import (AlbertConfig, AlbertForMaskedLM, AutoModelForMaskedLM, AutoTokenizer, DebertaV2Config,
-                          DebertaV2ForMaskedLM, DistilBertConfig, DistilBertForMaskedLM, ElectraConfig,
-                          ElectraForMaskedLM, ModernBertConfig, ModernBertForMaskedLM, XLMRobertaConfig,
-                          XLMRobertaForMaskedLM)
+from conftest import DATA
+from reference_masked import reference_pll
+from transformers import (
+    AlbertConfig,
+    AlbertForMaskedLM,
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    DebertaV2Config,
+    DebertaV2ForMaskedLM,
+    DistilBertConfig,
+    DistilBertForMaskedLM,
+    ElectraConfig,
+    ElectraForMaskedLM,
+    ModernBertConfig,
+    ModernBertForMaskedLM,
+    XLMRobertaConfig,
+    XLMRobertaForMaskedLM,
+)
 
 import raylm.requests.masked
-from conftest import DATA
 from raylm.config import EvalConfig
 from raylm.evaluate import build_task_requests
-from raylm.requests.masked import MaskedEncoder, masked_max_length
-from raylm.scoring.mlm import UNSCORED, MaskedScorer
-from raylm.scoring.models import PLL_VARIANTS, ModelSpec
-from reference_masked import reference_pll
+from raylm.models.context import masked_max_length
+from raylm.models.spec import PLL_VARIANTS, ModelSpec
+from raylm.requests.masked import UNSCORED, MaskedEncoder
+from raylm.scoring.mlm import MaskedScorer
 
 TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-5}
 

@@ -12,11 +12,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import DATA, run_cli
+
 from raylm.errors import RaylmError
-from raylm.results.model_identity import BLOCK_BYTES, SAMPLED_BLOCKS, file_digest, model_digest, pin_revision
-from raylm.scoring.models import ModelSpec
+from raylm.models.identity import BLOCK_BYTES, SAMPLED_BLOCKS, file_digest, model_digest, pin_revision
+from raylm.models.spec import ModelSpec
 
 REPO = "raylm-test/tiny"
 SHA_1, SHA_2 = "1" * 40, "2" * 40

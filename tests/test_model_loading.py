@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.activations import GELUTanh, NewGELUActivation
 
-from raylm.scoring.models import ModelSpec, load_model
+from raylm.models.loading import load_model
+from raylm.models.spec import ModelSpec
 
 
 def test_gelu_new_runs_as_the_fused_kernel_with_the_same_outputs(tiny_gpt2):
@@ -24,22 +26,40 @@ def test_gelu_new_runs_as_the_fused_kernel_with_the_same_outputs(tiny_gpt2):
 
 
 def test_actor_context_length_needs_the_tokenizer_only_when_the_config_states_none(tiny_gpt2, monkeypatch):
-    import raylm.cluster.actors as actors
-    from raylm.requests.encoding import resolve_max_length
-    from raylm.scoring.models import load_tokenizer
+    import raylm.models.loading as loading
+    from raylm.models.context import context_length, resolve_max_length
 
     spec = ModelSpec(str(tiny_gpt2), "float32", "cpu")
     config = AutoConfig.from_pretrained(tiny_gpt2)
-    tokenizer = load_tokenizer(spec)
+    tokenizer = loading.load_tokenizer(spec)
     tokenizer.model_max_length = 77
     loads = []
-    monkeypatch.setattr(actors, "load_tokenizer", lambda s: loads.append(s) or tokenizer)
+    monkeypatch.setattr(loading, "load_tokenizer", lambda s: loads.append(s) or tokenizer)
 
-    assert actors.actor_max_length(spec, config) == resolve_max_length(config, tokenizer) == 128
+    assert context_length(spec, config, "causal") == resolve_max_length(config, tokenizer) == 128
     assert loads == []
     stateless = SimpleNamespace()  # a config with no context-length field of any name
-    assert actors.actor_max_length(spec, stateless) == resolve_max_length(stateless, tokenizer) == 77
+    assert context_length(spec, stateless, "causal") == resolve_max_length(stateless, tokenizer) == 77
     assert loads == [spec]
+
+
+def test_max_length_shortens_the_context_everywhere_and_never_extends_it(tiny_gpt2):
+    """HFLM's max_length= is ModelSpec.max_length: the driver's encoder, an actor and `raylm ppl` all take it from
+    the one resolver; longer than the model states is refused (GPT-2's position table would be indexed past)."""
+    from raylm.corpus.run import model_max_length
+    from raylm.errors import RaylmError
+    from raylm.evaluate import driver_encoder
+    from raylm.models.context import context_length
+
+    config = AutoConfig.from_pretrained(tiny_gpt2)
+    short = ModelSpec(str(tiny_gpt2), "float32", "cpu", max_length=40)
+    assert context_length(short, config, "causal") == 40
+    assert driver_encoder(short).max_length == 40
+    assert model_max_length(short)[1] == 40
+    with pytest.raises(RaylmError, match="--max-length 129 exceeds the 128-token context"):
+        context_length(ModelSpec(str(tiny_gpt2), max_length=129), config, "causal")
+    with pytest.raises(RaylmError, match="--max-length must be a positive number of tokens, got 0"):
+        ModelSpec(str(tiny_gpt2), max_length=0).validate()
 
 
 def test_driver_and_corpus_context_length_read_a_home_relative_model_dir(tiny_gpt2, tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 import raylm.cluster.runtime as runtime
 from raylm.cluster.runtime import ActorRecipe, LaunchedActors, actors_that_fit, fitted_share, plan_actors
 from raylm.errors import RaylmError
-from raylm.scoring.models import ModelSpec
+from raylm.models.spec import ModelSpec
 
 
 def fits(node_cpus: list[float], actors: int, share: float, reserve: float) -> bool:

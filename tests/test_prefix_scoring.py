@@ -8,14 +8,14 @@ import random
 import numpy as np
 import pytest
 import torch
+from conftest import STORIES
+from reference import float64_copy, reference_score
+from test_scoring import real_requests
 from transformers import AutoModelForCausalLM
 
-from conftest import STORIES
 from raylm.scoring.attention import attention_plan
 from raylm.scoring.packing import PREFIX, pack, plan_groups
 from raylm.scoring.scorer import Scorer
-from reference import float64_copy, reference_score
-from test_scoring import real_requests
 
 
 def grouped_requests(vocab: int, max_length: int, n_docs: int, seed: int):

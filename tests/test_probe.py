@@ -13,10 +13,10 @@ import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
 from raylm.cli import main
+from raylm.models.spec import ModelSpec
 from raylm.probe.file import load_probes
 from raylm.probe.run import Prober, fill_masks
 from raylm.probe.sentences import build_sentences
-from raylm.scoring.models import ModelSpec
 
 PROBES = """\
 templates:

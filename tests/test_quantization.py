@@ -11,17 +11,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
 
 from raylm.cli import build_parser, config_from_args
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
-from raylm.requests.encoding import Encoder, resolve_max_length
 from raylm.errors import RaylmError
 from raylm.evaluate import evaluate
-from raylm.scoring.models import ModelSpec, load_model, load_tokenizer, quantization_config
-from raylm.results.report import results_dict
+from raylm.models.context import resolve_max_length
+from raylm.models.loading import load_model, load_tokenizer, quantization_config
+from raylm.models.spec import ModelSpec
+from raylm.requests.encoding import Encoder
 from raylm.requests.table import build_requests
+from raylm.results.report import results_dict
 from raylm.scoring.scorer import Scorer
 from raylm.tasks import get_task
 

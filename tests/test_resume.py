@@ -10,8 +10,9 @@ import sys
 import time
 
 from conftest import DATA
-from raylm.results.checkpoint import CHECKPOINT_DIR, MANIFEST
+
 from raylm.cli import main
+from raylm.cluster.checkpoint import CHECKPOINT_DIR, MANIFEST
 from raylm.cluster.scheduler import SHARD_DELAY_ENV
 
 

@@ -8,15 +8,17 @@ import random
 import numpy as np
 import pytest
 import torch
+from conftest import DATA
+from reference import float64_copy, reference_score
 from transformers import AutoModelForCausalLM
 
-from conftest import DATA
-from raylm.requests.encoding import Encoder, resolve_max_length
 from raylm.config import EvalConfig
 from raylm.evaluate import build_task_requests
-from raylm.scoring.models import ModelSpec, load_tokenizer
+from raylm.models.context import resolve_max_length
+from raylm.models.loading import load_tokenizer
+from raylm.models.spec import ModelSpec
+from raylm.requests.encoding import Encoder
 from raylm.scoring.scorer import Scorer
-from reference import float64_copy, reference_score
 
 
 def random_requests(vocab: int, max_length: int, n: int, seed: int) -> tuple[list[list[int]], list[list[int]]]:

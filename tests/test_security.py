@@ -11,7 +11,8 @@ import torch
 import raylm
 from raylm.cli import build_parser, config_from_args
 from raylm.errors import RaylmError
-from raylm.scoring.models import ModelSpec, check_model_path, load_model
+from raylm.models.loading import load_model
+from raylm.models.spec import ModelSpec, check_model_path
 
 SOURCES = sorted(Path(raylm.__file__).parent.rglob("*.py"))
 

@@ -10,15 +10,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import ray
+from conftest import DATA, run_cli
 
 import raylm.sweep.run
-from conftest import DATA, run_cli
 from raylm.cli import build_parser, config_from_args
+from raylm.cluster.runtime import start_actors
 from raylm.errors import RaylmError
 from raylm.evaluate import evaluate
-from raylm.cluster.runtime import start_actors
-from raylm.sweep.run import run_sweep
 from raylm.sweep.config import load_sweep
+from raylm.sweep.run import run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 POINTS = ("0shot-limit3-batchauto", "1shot-limit3-batchauto")
@@ -167,9 +167,19 @@ BAD = {
     "missing tasks": ("models: [gpt2]\n", "line 1: tasks: missing"),
     "not yaml": ("models: [gpt2\ntasks: [hellaswag]\n", "line 2: not valid YAML"),
     "bad batch size": ("models: [gpt2]\ntasks: [hellaswag]\nsettings:\n  batch_size: [auto, big]\n",
-                       "line 4: settings.batch_size: must be an integer >= 1 or 'auto', got 'big'"),
+                       "line 4: settings.batch_size: must be 'auto' or a positive integer, got 'big'"),
     "missing data dir": ("models: [gpt2]\ntasks: [hellaswag]\ndata_dir: nowhere\n", "line 3: data_dir: directory"),
+    "max length zero": ("models:\n  - path: gpt2\n    max_length: 0\ntasks: [hellaswag]\n",
+                        "line 3: models[0].max_length: must be positive, got 0"),
 }
+
+
+def test_max_length_key_sets_each_models_context(tmp_path):
+    """A top-level max_length is every model's default; a model's own key wins (ModelSpec.max_length, HFLM's)."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text("models:\n  - gpt2\n  - path: EleutherAI/pythia-160m\n    max_length: 512\n"
+                    "tasks: [hellaswag]\nmax_length: 256\n")
+    assert [m.spec.max_length for m in load_sweep(path).models] == [256, 512]
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

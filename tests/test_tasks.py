@@ -6,12 +6,13 @@ import json
 import random
 
 import pytest
-
 from conftest import DATA, GOLDEN, STORIES
+
+from raylm.errors import InputError
+from raylm.models.loading import load_tokenizer
+from raylm.models.spec import ModelSpec
 from raylm.requests.encoding import Encoder
 from raylm.requests.windows import strided_windows
-from raylm.errors import InputError
-from raylm.scoring.models import ModelSpec, load_tokenizer
 from raylm.tasks import get_task, hellaswag, wikitext
 
 

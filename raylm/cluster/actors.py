@@ -3,7 +3,7 @@
 `score_shard` is the whole per-shard job as a plain function, so it runs the same in-process (tests,
 benchmarks) and inside an actor. An actor scores a causal LM with raylm.scoring.scorer and a masked LM with the
 pseudo-log-likelihood scorer of raylm.scoring.mlm; which one, it decides from the model's config as the driver
-does (raylm.scoring.models.resolve_scorer), and a shard built for the other kind is refused. A causal model whose
+does (raylm.models.loading.resolve_scorer), and a shard built for the other kind is refused. A causal model whose
 attention plan waits for a start-up check (one no test has proven) is checked once, on the first shard the actor
 is handed, so start-up itself is not slowed: until then and if the check disagrees, requests are scored one per
 row. Every ScoredShard carries the verdict for results.json.
@@ -18,15 +18,17 @@ import pyarrow.compute as pc
 import ray
 import torch
 
-from raylm.requests.encoding import config_max_length, resolve_max_length
-from raylm.requests.table import MASKED_COLUMNS
-from raylm.scoring.mlm import MASKED_PREFIX_SHARING, UNSCORED, MaskedScorer
-from raylm.scoring.models import ModelSpec, load_config, load_model, load_tokenizer, resolve_scorer
 from raylm.cluster.failures import DeferredStartup
+from raylm.cluster.scored import ScoredShard
+from raylm.models.context import context_length
+from raylm.models.loading import load_config, load_model, resolve_scorer
+from raylm.models.spec import ModelSpec
+from raylm.requests.masked import UNSCORED
+from raylm.requests.table import MASKED_COLUMNS
+from raylm.results.sums import shard_sums
+from raylm.scoring.mlm import MASKED_PREFIX_SHARING, MaskedScorer
 from raylm.scoring.scorer import Scorer
 from raylm.scoring.startup_check import REAL_REQUESTS, checked_plan
-from raylm.requests.shards import ScoredShard
-from raylm.results.sums import shard_sums
 
 
 def score_shard(scorer: Scorer | MaskedScorer, kind: str, shard: pa.Table) -> ScoredShard:
@@ -52,13 +54,6 @@ def score_shard(scorer: Scorer | MaskedScorer, kind: str, shard: pa.Table) -> Sc
     return ScoredShard(scored, shard_sums(kind, scored), os.getpid(), verdict)
 
 
-def actor_max_length(spec: ModelSpec, config) -> int:
-    """The driver's context length, loading the tokenizer (up to a second of actor start-up) only when the model
-    config does not state one."""
-    stated = config_max_length(config)
-    return stated if stated is not None else resolve_max_length(config, load_tokenizer(spec))
-
-
 class ScoringActor(DeferredStartup):
     """Constructed as ScoringActor(spec, threads, batch_size); a model that fails to load is reported by ready()."""
 
@@ -68,7 +63,7 @@ class ScoringActor(DeferredStartup):
         if resolve_scorer(spec, config) == "mlm":
             self.scorer: Scorer | MaskedScorer = MaskedScorer.from_spec(spec, batch_size)
         else:
-            self.scorer = Scorer(load_model(spec), actor_max_length(spec, config), batch_size)
+            self.scorer = Scorer(load_model(spec), context_length(spec, config, "causal"), batch_size)
 
     def ready(self) -> int:
         """The actor's PID: proof of life once the model is loaded, and what fault-injection tests kill."""

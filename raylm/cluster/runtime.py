@@ -14,7 +14,7 @@ from ray.actor import ActorHandle
 from raylm.cluster.cpus import available_cpus
 from raylm.cluster.failures import remote_error
 from raylm.errors import RaylmError
-from raylm.scoring.models import ModelSpec
+from raylm.models.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 

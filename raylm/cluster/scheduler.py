@@ -22,10 +22,10 @@ import ray
 from ray.actor import ActorHandle
 from tqdm import tqdm
 
-from raylm.errors import RaylmError, first_line
 from raylm.cluster.failures import remote_error
 from raylm.cluster.runtime import ActorRecipe
-from raylm.requests.shards import ScoredShard
+from raylm.cluster.scored import ScoredShard
+from raylm.errors import RaylmError, first_line
 from raylm.requests.shards import Shard
 
 log = logging.getLogger(__name__)

@@ -15,17 +15,17 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from raylm.requests.encoding import Encoder
-from raylm.requests.masked import MaskedEncoder
-from raylm.errors import InputError
-from raylm.scoring.kl import KLScorer
-from raylm.scoring.mlm import UNSCORED, MaskedScorer
-from raylm.scoring.models import ModelSpec, load_model, load_tokenizer
 from raylm.cluster.failures import DeferredStartup
+from raylm.errors import InputError
+from raylm.models.loading import load_model, load_tokenizer
+from raylm.models.spec import ModelSpec
+from raylm.requests.encoding import Encoder
+from raylm.requests.masked import UNSCORED, MaskedEncoder
+from raylm.requests.windows import split_conditioning, strided_windows
+from raylm.scoring.kl import KLScorer
+from raylm.scoring.mlm import MaskedScorer
 from raylm.scoring.scorer import Scorer
 from raylm.scoring.startup_check import REAL_REQUESTS, checked_plan
-from raylm.requests.windows import split_conditioning, strided_windows
-
 
 PREFIX_SHARING_COLUMN = "prefix_sharing"  # DocPerplexity's verdict, taken off its rows by the driver
 

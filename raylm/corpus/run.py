@@ -28,16 +28,17 @@ from raylm.cluster.runtime import connect, plan_actors
 from raylm.corpus.doc_scoring import PREFIX_SHARING_COLUMN, DocKL, DocPerplexity, DocPseudoPerplexity
 from raylm.corpus.read import DEFAULT_DOCS_PER_BATCH, FORMATS, read_corpus
 from raylm.errors import RaylmError, RemoteError
-from raylm.requests.encoding import resolve_max_length
-from raylm.requests.masked import MaskedEncoder, masked_max_length
+from raylm.models.context import context_length
+from raylm.models.identity import pin_revision, scored_commit
+from raylm.models.loading import load_config, load_tokenizer, resolve_scorer
+from raylm.models.spec import ModelSpec, check_model_path
+from raylm.requests.masked import MaskedEncoder
 from raylm.results.atomic import write_atomic
 from raylm.results.metrics import kl_metrics, ppl_metrics, pseudo_ppl_metrics
-from raylm.results.model_identity import pin_revision, scored_commit
 from raylm.results.ownership import RESULTS, results_kind, tagged_schema
 from raylm.results.report import prefix_sharing, run_config
 from raylm.results.sums import corpus_batch_sums, merge
 from raylm.scoring.mlm import MASKED_PREFIX_SHARING
-from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer, resolve_scorer
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +104,7 @@ def model_max_length(spec: ModelSpec):
     tokenizer = load_tokenizer(spec)
     config = load_config(spec)
     scorer = resolve_scorer(spec, config)
-    try:
-        limit = masked_max_length(config, tokenizer) if scorer == "mlm" else resolve_max_length(config, tokenizer)
-    except ValueError as e:
-        raise RaylmError(str(e)) from e
-    return tokenizer, limit, scorer
+    return tokenizer, context_length(spec, config, scorer, tokenizer), scorer
 
 
 def check_same_tokenizer(a, b, name_a: str, name_b: str) -> None:

@@ -22,13 +22,14 @@ from typing import Any
 import torch
 
 from raylm.errors import RaylmError
+from raylm.models.loading import load_config, load_model, load_tokenizer, resolve_scorer
+from raylm.models.spec import ModelSpec, check_model_path
 from raylm.probe.file import ProbeFile
 from raylm.probe.plot import plot_log_ratios
 from raylm.probe.sentences import ProbeSentence, build_sentences, mask_positions, with_model_mask
 from raylm.results.atomic import write_atomic
 from raylm.results.report import run_config
 from raylm.scoring.mlm import mask_log_probs
-from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_model, load_tokenizer, resolve_scorer
 from raylm.scoring.scorer import cpu_token_budget
 
 REST = "(rest)"

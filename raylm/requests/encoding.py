@@ -14,33 +14,6 @@ from collections.abc import Sequence
 
 from raylm.errors import RaylmError
 
-# transformers' "no limit" sentinel for model_max_length.
-_TOKENIZER_INFINITY = 1_000_000_000_000_000_019_884_624_838_656
-_DEFAULT_MAX_LENGTH = 2048
-_SEQLEN_CONFIG_ATTRS = ("n_positions", "max_position_embeddings", "n_ctx")
-
-
-def config_max_length(config) -> int | None:
-    """The context length the model config states (text_config first), if any: lm-eval's first sources, which
-    need no tokenizer, so an actor that has one never pays for loading it."""
-    cfg = getattr(config, "text_config", None) or config
-    for attr in _SEQLEN_CONFIG_ATTRS:
-        value = getattr(cfg, attr, None)
-        if value is not None:
-            return int(value)
-    return None
-
-
-def resolve_max_length(config, tokenizer) -> int:
-    """Context length in lm-eval's order: text_config, model config, tokenizer, then 2048."""
-    stated = config_max_length(config)
-    if stated is not None:
-        return stated
-    limit = getattr(tokenizer, "model_max_length", None)
-    if limit is not None and limit != _TOKENIZER_INFINITY:
-        return int(limit)
-    return _DEFAULT_MAX_LENGTH
-
 
 def prefix_token_id(tokenizer) -> int:
     """The token that conditions an empty context and the first rolling window: BOS, else EOS."""

@@ -20,17 +20,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from raylm.requests.encoding import _move_trailing_space, config_max_length
+from raylm.requests.encoding import _move_trailing_space
 
-# The scorer's mark for a continuation token that is neither masked nor scored (raylm.scoring.mlm.UNSCORED;
-# requests/ may not import scoring/, and tests/test_mlm_requests.py checks the two agree).
+# The word id of a continuation token that is neither masked nor scored (a special token); raylm.scoring.mlm reads it.
 UNSCORED = -1
-_NO_LIMIT = 10**30  # transformers' model_max_length when a tokenizer states none is just above this
-# Model types whose position ids start after the padding index (RoBERTa's create_position_ids_from_input_ids):
-# roberta-base states max_position_embeddings 514 but takes 512 tokens; a 513-token input indexes past the table.
-_POSITIONS_AFTER_PADDING = frozenset({
-    "camembert", "data2vec-text", "esm", "ibert", "longformer", "luke", "mpnet", "roberta", "roberta-prelayernorm",
-    "xlm-roberta", "xlm-roberta-xl", "xmod"})
 
 
 @dataclass(frozen=True)
@@ -48,24 +41,6 @@ class MaskedRequest:
     @property
     def length(self) -> int:
         return len(self.context) + len(self.continuation) + len(self.following)
-
-
-def masked_max_length(config, tokenizer) -> int:
-    """The longest input the model takes: the tokenizer's limit and the config's positions, whichever is smaller,
-    with RoBERTa-style position offsets taken off the config's."""
-    limits = []
-    stated = config_max_length(config)
-    if stated is not None:
-        offset = (getattr(config, "pad_token_id", None) or 0) + 1 \
-            if getattr(config, "model_type", None) in _POSITIONS_AFTER_PADDING else 0
-        limits.append(stated - offset)
-    tokenizer_limit = getattr(tokenizer, "model_max_length", None)
-    if tokenizer_limit is not None and tokenizer_limit < _NO_LIMIT:
-        limits.append(int(tokenizer_limit))
-    if not limits:
-        raise ValueError(f"neither the config nor the tokenizer of {getattr(tokenizer, 'name_or_path', '')!r} states "
-                         "a maximum input length")
-    return min(limits)
 
 
 class MaskedEncoder:

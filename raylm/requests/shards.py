@@ -1,5 +1,4 @@
-"""Requests table -> shards (Arrow slices cut on document boundaries, the unit of work an actor scores), and what
-an actor sends back for one."""
+"""Requests table -> shards: Arrow slices cut on document boundaries, the unit of work an actor scores."""
 
 from __future__ import annotations
 
@@ -20,17 +19,6 @@ class Shard:
     kind: str
     index: int
     table: pa.Table
-
-
-@dataclass
-class ScoredShard:
-    """What an actor sends back for one shard: its scored requests, their sums, who scored them, and whether that
-    actor shared prefixes between requests (its config.prefix_sharing verdict; None where no actor said)."""
-
-    table: pa.Table
-    sums: dict[str, float]
-    pid: int
-    prefix_sharing: str | None = None
 
 
 def cut(table: pa.Table, max_requests: int) -> list[pa.Table]:

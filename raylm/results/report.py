@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import platform
-from collections.abc import Iterable
-from importlib import metadata
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +24,13 @@ import pyarrow.parquet as pq
 import raylm
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
+from raylm.models.spec import ModelSpec
 from raylm.requests.shards import LMEVAL_KIND
 from raylm.results.atomic import write_atomic
+from raylm.results.metrics import token_perplexity
 from raylm.results.native import lmeval_shape
 from raylm.results.ownership import tagged
 from raylm.results.predictions import choice_predictions
-from raylm.results.metrics import token_perplexity
-from raylm.scoring.models import ModelSpec
-
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +99,7 @@ def results_dict(result: EvalResult) -> dict[str, Any]:
             num_fewshot=cfg.num_fewshot, batch_size=cfg.batch_size or "auto", actors=cfg.actors,
             data_dir=str(cfg.data_dir or "hub"), include_path=str(cfg.include_path) if cfg.include_path else None,
             bootstrap_iters=cfg.bootstrap_iters, random_seed=cfg.random_seed, numpy_seed=cfg.numpy_seed,
-            torch_seed=cfg.torch_seed, fewshot_seed=cfg.seed, **result.extra),
+            torch_seed=cfg.torch_seed, fewshot_seed=cfg.fewshot_seed, **result.extra),
         "sums": {name: t.sums for name, t in result.tasks.items()},
         "token_perplexity": {name: token_perplexity(t.sums) for name, t in result.tasks.items()
                              if _is_rolling(result, name)},

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from raylm.models.loading import text_config
+
 FULL, SLIDING = "full_attention", "sliding_attention"
 ONE_TENSOR = ""  # mask key meaning "one 4D tensor, used by every layer"
 MASKABLE_IMPLEMENTATIONS = ("sdpa", "eager")
@@ -62,32 +64,6 @@ class AttentionPlan:
 
     def packed(self, verdict: str) -> AttentionPlan:
         return replace(self, pack=True, needs_check=False, prefix_sharing=verdict)
-
-
-def text_config(config):
-    """The language model's own config, for models whose top-level config wraps one (Gemma-3, LLaVA-style)."""
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
-def load_implementation(config, trust_remote_code: bool) -> str | None:
-    """The attention implementation raylm asks from_pretrained for: sdpa where the class supports it, else eager
-    (Gemma-2, BLOOM, MPT). None leaves the choice where it already is: an implementation the model's config.json
-    states (the user's or the author's), or remote code's own default. Either way the plan is made from the
-    implementation the loaded model ends up with, since a config.json "_attn_implementation" wins over the
-    argument."""
-    if text_config(config)._attn_implementation is not None or _is_remote(config, trust_remote_code):
-        return None
-    from transformers import AutoModelForCausalLM
-    from transformers.models.auto.auto_factory import _get_model_class
-
-    if type(config) not in AutoModelForCausalLM._model_mapping:
-        return None
-    model_class = _get_model_class(config, AutoModelForCausalLM._model_mapping)
-    return "sdpa" if model_class._supports_sdpa else "eager"
-
-
-def _is_remote(config, trust_remote_code: bool) -> bool:
-    return trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
 
 
 def attention_plan(model) -> AttentionPlan:

@@ -7,10 +7,14 @@ error shows at once and every later batch is narrower.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
+B = TypeVar("B")
+
+log = logging.getLogger(__name__)
 
 
 def budget_batches(items: Sequence[T], width: Callable[[T], int], token_budget: int,
@@ -29,3 +33,30 @@ def budget_batches(items: Sequence[T], width: Callable[[T], int], token_budget: 
         count += members(item)
     if batch:
         yield batch
+
+
+def halving_on_oom(pending: list[T], batches: Callable[[list[T], int], Iterator[tuple[B, list[T], bool]]],
+                   score: Callable[[B], None], token_budget: int) -> int:
+    """Score every pending item, halving the token budget whenever a batch runs out of GPU memory and cutting what
+    is left again; returns the budget that worked, for the next call to start from.
+
+    `batches(pending, budget)` yields (batch, the items it holds, whether no smaller batch of them exists); a batch
+    that is already the smallest and still does not fit re-raises, since no budget would help.
+    """
+    import torch
+
+    while pending:
+        done: set[T] = set()
+        smallest = True
+        try:
+            for batch, members, smallest in batches(pending, token_budget):
+                score(batch)
+                done.update(members)
+        except torch.cuda.OutOfMemoryError:
+            if smallest:
+                raise
+            token_budget //= 2
+            log.warning("out of GPU memory; halving the token budget to %d", token_budget)
+            torch.cuda.empty_cache()
+        pending = [item for item in pending if item not in done]
+    return token_budget

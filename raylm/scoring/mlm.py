@@ -24,15 +24,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from raylm.scoring.batching import budget_batches
-from raylm.scoring.models import PLL_VARIANTS, ModelSpec, load_model, load_tokenizer
+from raylm.models.loading import load_model, load_tokenizer
+from raylm.models.spec import PLL_VARIANTS, ModelSpec
+from raylm.requests.masked import UNSCORED
+from raylm.scoring.batching import budget_batches, halving_on_oom
 from raylm.scoring.scorer import GPU_START_TOKEN_BUDGET, cpu_token_budget
 
 log = logging.getLogger(__name__)
 
 # config.prefix_sharing for a masked LM: every masked copy is a row of its own, nothing is packed.
 MASKED_PREFIX_SHARING = "unpacked (masked LM: each masked copy is its own row)"
-UNSCORED = -1  # word id of a continuation token that is neither masked nor scored (raylm.requests.masked)
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def masked_copies(start: int, word_ids: Sequence[int], variant: str) -> Iterator
 
 
 @contextmanager
-def head_sees_only(model: torch.nn.Module, flat: torch.Tensor) -> Iterator[None]:
+def head_at_masked_positions(model: torch.nn.Module, flat: torch.Tensor) -> Iterator[None]:
     """Within the block, the model's logits are (1, len(flat), vocab): the rows `flat` of (batch x width).
 
     Every *ForMaskedLM is encoder -> position-wise head, the head shaped differently per family (BERT's `cls`,
@@ -106,7 +107,7 @@ def padded_batch(rows: Sequence[Sequence[int]], pad_token_id: int, device: torch
 def log_probs_at(model: torch.nn.Module, ids: torch.Tensor, attention_mask: torch.Tensor | None,
                  flat: torch.Tensor) -> torch.Tensor:
     """Log-softmax over the vocabulary at the positions `flat` of (batch x width), in float32 or wider."""
-    with head_sees_only(model, flat):
+    with head_at_masked_positions(model, flat):
         logits = model(input_ids=ids, attention_mask=attention_mask).logits[0]
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     return logits - torch.logsumexp(logits, dim=-1, keepdim=True)
@@ -163,21 +164,15 @@ class MaskedScorer:
                   for target, masked in masked_copies(len(contexts[i]), word_ids[i], self.variant)]
         loglik = np.zeros(len(rows), dtype=np.float64)
         greedy = np.ones(len(rows), dtype=bool)
-        pending = copies
-        while pending:
-            done: set[int] = set()
-            try:
-                for batch in budget_batches(pending, lambda c: c.width, self.token_budget,
-                                            max_members=self.batch_size):
-                    self._score_batch(batch, rows, loglik, greedy)
-                    done.update(id(c) for c in batch)
-            except torch.cuda.OutOfMemoryError:
-                if len(batch) == 1:
-                    raise  # one masked copy that does not fit: no smaller batch exists
-                self.token_budget //= 2
-                log.warning("out of GPU memory; halving the token budget to %d", self.token_budget)
-                torch.cuda.empty_cache()
-            pending = [c for c in pending if id(c) not in done]
+
+        def batches(pending: list[MaskedCopy], budget: int) -> Iterator[tuple[list[MaskedCopy], list[MaskedCopy],
+                                                                                 bool]]:
+            for batch in budget_batches(pending, lambda c: c.width, budget, max_members=self.batch_size):
+                yield batch, batch, len(batch) == 1
+
+        self.token_budget = halving_on_oom(copies, batches,
+                                           lambda batch: self._score_batch(batch, rows, loglik, greedy),
+                                           self.token_budget)
         return loglik, greedy
 
     def _score_batch(self, batch: list[MaskedCopy], rows: list[list[int]], loglik: np.ndarray,

@@ -21,7 +21,7 @@ import torch
 
 from raylm.errors import RaylmError
 from raylm.scoring.attention import AttentionPlan, attention_plan
-from raylm.scoring.batching import budget_batches
+from raylm.scoring.batching import budget_batches, halving_on_oom
 from raylm.scoring.packing import PackedRow, branch_inputs, pack, plan_groups
 
 log = logging.getLogger(__name__)
@@ -76,29 +76,23 @@ class Scorer:
             n_targets.append(len(continuation))
         loglik = np.zeros(len(inputs), dtype=np.float64)
         greedy = np.zeros(len(inputs), dtype=bool)
-        pending = list(range(len(inputs)))
-        while pending:
-            rows = self._plan(pending, inputs, n_targets, doc_ids)
-            done: set[int] = set()
-            try:
-                for batch in budget_batches(rows, lambda r: len(r.tokens), self.token_budget,
-                                            lambda r: len(r.requests), self.batch_size):
-                    self._score_batch(batch, targets, loglik, greedy)
-                    done.update(i for row in batch for i in row.requests)
-            except torch.cuda.OutOfMemoryError:
-                if len(batch) == 1 and not batch[0].branched:
-                    raise  # a single request that does not fit: no smaller batch exists
-                self.token_budget //= 2
-                log.warning("out of GPU memory; halving the token budget to %d", self.token_budget)
-                torch.cuda.empty_cache()
-            pending = [i for i in pending if i not in done]
+
+        def batches(pending: list[int], budget: int) -> Iterator[tuple[list[PackedRow], list[int], bool]]:
+            rows = self._plan(pending, inputs, n_targets, doc_ids, budget)
+            for batch in budget_batches(rows, lambda r: len(r.tokens), budget, lambda r: len(r.requests),
+                                        self.batch_size):
+                yield batch, [i for row in batch for i in row.requests], len(batch) == 1 and not batch[0].branched
+
+        self.token_budget = halving_on_oom(list(range(len(inputs))), batches,
+                                           lambda batch: self._score_batch(batch, targets, loglik, greedy),
+                                           self.token_budget)
         return loglik, greedy
 
     def _plan(self, pending: list[int], inputs: list[list[int]], n_targets: list[int],
-              doc_ids: Sequence[int] | None) -> list[PackedRow]:
+              doc_ids: Sequence[int] | None, token_budget: int) -> list[PackedRow]:
         sub_inputs = [inputs[i] for i in pending]
         sub_docs = [doc_ids[i] for i in pending] if doc_ids is not None else None
-        groups = plan_groups(sub_inputs, sub_docs, self.token_budget, self.batch_size,
+        groups = plan_groups(sub_inputs, sub_docs, token_budget, self.batch_size,
                              self.share_prefixes and self.plan.pack)
         return [pack([pending[j] for j in g], inputs, n_targets) for g in groups]
 
@@ -119,7 +113,7 @@ class Scorer:
                     target_ids.append(target)
                     owners.append(request)
         flat = torch.tensor(list(columns), device=self.device)
-        with head_sees_only(self._head, flat, len(batch), width):
+        with gather_head_inputs(self._head, flat, len(batch), width):
             logits = self.model(input_ids=ids.to(self.device), use_cache=False, **kwargs).logits
         if tuple(logits.shape[:2]) != (1, len(columns)):
             raise HeadMisuse(f"{type(self.model).__name__} returned logits of shape {tuple(logits.shape)} for "
@@ -151,7 +145,7 @@ class Scorer:
 
 
 @contextmanager
-def head_sees_only(head: torch.nn.Module, flat: torch.Tensor, rows: int, width: int) -> Iterator[None]:
+def gather_head_inputs(head: torch.nn.Module, flat: torch.Tensor, rows: int, width: int) -> Iterator[None]:
     """Feed the LM head only the hidden states at `flat` (indices into rows x width), as one (1, N) batch.
 
     Done as a hook on the head rather than by calling its weights directly, so the model's own head code (final

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from raylm.scoring.attention import AttentionPlan, text_config
+from raylm.models.loading import text_config
+from raylm.scoring.attention import AttentionPlan
 from raylm.scoring.scorer import Scorer
 
 # Per request: |packed - alone| <= ATOL_PER_TOKEN[dtype] * tokens + RTOL * |loglikelihood|. Measured on CPU

@@ -18,18 +18,26 @@ from typing import Any
 
 import yaml
 
-from raylm.config import EvalConfig
+from raylm.config import EvalConfig, parse_batch_size
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.data.yaml_nodes import NodeReader, read_top
 from raylm.errors import RaylmError
-from raylm.scoring.models import PLL_VARIANTS, QUANTIZATIONS, SCORERS, ModelSpec, check_choice, check_device, \
-    check_dtype, looks_local
+from raylm.models.spec import (
+    PLL_VARIANTS,
+    QUANTIZATIONS,
+    SCORERS,
+    ModelSpec,
+    check_choice,
+    check_device,
+    check_dtype,
+    looks_local,
+)
 from raylm.tasks import TASKS
 
 PACKAGED = "raylm:demo"  # the packaged stories260K model (as a model path) or the packaged data (as data_dir)
 TOP_KEYS = ("models", "tasks", "settings", "data_dir", "include_path", "seed", "device", "actors_per_model", "num_gpus",
-            "num_cpus")
-MODEL_KEYS = ("path", "name", "dtype", "load_in_4bit", "load_in_8bit", "revision", "scorer", "pll")
+            "num_cpus", "max_length")
+MODEL_KEYS = ("path", "name", "dtype", "load_in_4bit", "load_in_8bit", "revision", "scorer", "pll", "max_length")
 SETTING_KEYS = ("num_fewshot", "limit", "batch_size", "dtype", "quantization")
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -64,8 +72,8 @@ class Sweep:
     include_path: Path | None = None
 
     def config(self, model: SweepModel, point: SweepPoint) -> EvalConfig:
-        seeds = {} if self.seed is None else {"seed": self.seed, "random_seed": self.seed, "numpy_seed": self.seed,
-                                               "torch_seed": self.seed}
+        seeds = {} if self.seed is None else {"fewshot_seed": self.seed, "random_seed": self.seed,
+                                               "numpy_seed": self.seed, "torch_seed": self.seed}
         return EvalConfig(model.spec, self.tasks, self.data_dir, point.limit, point.num_fewshot,
                           batch_size=point.batch_size, actors=self.actors_per_model, progress=False,
                           num_gpus=self.num_gpus, include_path=self.include_path, log_samples=True, **seeds)
@@ -76,7 +84,8 @@ def load_sweep(path: Path) -> Sweep:
     r, top = read_top(path, "sweep file", TOP_KEYS, ("models", "tasks"))
     base = path.resolve().parent
     grid = r.mapping(top["settings"], "settings", SETTING_KEYS) if "settings" in top else {}
-    models = _models(r, top["models"], grid, base, _device(r, top))
+    defaults = {"device": _device(r, top), "max_length": _positive(r, top, "max_length", int, None)}
+    models = _models(r, top["models"], grid, base, defaults)
     include_path = _directory(r, top["include_path"], base, "include_path") if "include_path" in top else None
     sweep = Sweep(
         source=path, models=models, points=_points(r, grid), tasks=_tasks(r, top["tasks"], include_path),
@@ -157,8 +166,10 @@ def _model_path(value: str, base: Path) -> str:
     return os.path.abspath(local) if looks_local(value) or local.exists() else value
 
 
-def _models(r: NodeReader, node: yaml.Node, grid: dict[str, yaml.Node], base: Path, device: str
+def _models(r: NodeReader, node: yaml.Node, grid: dict[str, yaml.Node], base: Path, defaults: dict[str, Any]
             ) -> tuple[SweepModel, ...]:
+    """Every model of the file at every grid dtype and quantization; `defaults` are the top-level ModelSpec fields
+    (device, max_length) a model's own keys override."""
     if not isinstance(node, yaml.SequenceNode) or not node.value:
         raise r.fail(node, "models", "must be a non-empty list of model paths or mappings with a 'path'")
     dtypes = r.values(grid["dtype"], "settings.dtype") if "dtype" in grid else []
@@ -173,7 +184,7 @@ def _models(r: NodeReader, node: yaml.Node, grid: dict[str, yaml.Node], base: Pa
     seen: dict[str, int] = {}
     for i, item in enumerate(node.value):
         key = f"models[{i}]"
-        spec, base_name, where = _model(r, item, key, base, device, bool(dtypes), bool(quants))
+        spec, base_name, where = _model(r, item, key, base, defaults, bool(dtypes), bool(quants))
         for dtype_value, quant_value in itertools.product([v for _, v in dtypes] or [None],
                                                           [v for _, v in quants] or [False]):
             variant, name = spec, base_name
@@ -192,13 +203,18 @@ def _models(r: NodeReader, node: yaml.Node, grid: dict[str, yaml.Node], base: Pa
     return tuple(out)
 
 
-def _model(r: NodeReader, item: yaml.Node, key: str, base: Path, device: str, grid_dtype: bool, grid_quant: bool
-           ) -> tuple[ModelSpec, str, yaml.Node]:
+def _model(r: NodeReader, item: yaml.Node, key: str, base: Path, defaults: dict[str, Any], grid_dtype: bool,
+           grid_quant: bool) -> tuple[ModelSpec, str, yaml.Node]:
     """One entry of `models`: its spec, its folder name before grid suffixes, and the node to blame for the name."""
     fields = {"path": item} if isinstance(item, yaml.ScalarNode) else r.mapping(item, key, MODEL_KEYS)
     if "path" not in fields:
         raise r.fail(item, f"{key}.path", "missing (each model needs a hub id or a directory)")
-    spec = ModelSpec(_model_path(r.typed(fields["path"], f"{key}.path", str, "a string"), base), device=device)
+    spec = ModelSpec(_model_path(r.typed(fields["path"], f"{key}.path", str, "a string"), base), **defaults)
+    if "max_length" in fields:
+        tokens = r.typed(fields["max_length"], f"{key}.max_length", int, "a number of tokens")
+        if tokens < 1:
+            raise r.fail(fields["max_length"], f"{key}.max_length", f"must be positive, got {tokens}")
+        spec = replace(spec, max_length=tokens)
     if "revision" in fields:
         spec = replace(spec, revision=str(r.scalar(fields["revision"], f"{key}.revision")))
     for field, what, allowed in (("scorer", "scorer", SCORERS), ("pll", "PLL variant", PLL_VARIANTS)):
@@ -236,16 +252,23 @@ def _points(r: NodeReader, grid: dict[str, yaml.Node]) -> tuple[SweepPoint, ...]
              for n, v in r.values(grid["num_fewshot"], "settings.num_fewshot")] if "num_fewshot" in grid else [None]
     limits = [None if v is None else _count(r, n, v, "settings.limit", 1)
               for n, v in r.values(grid["limit"], "settings.limit")] if "limit" in grid else [None]
-    batches = [None if v == "auto" else _count(r, n, v, "settings.batch_size", 1)
-               for n, v in r.values(grid["batch_size"], "settings.batch_size")] if "batch_size" in grid else [None]
+    batches = [_batch_size(r, n, v) for n, v in r.values(grid["batch_size"], "settings.batch_size")] \
+        if "batch_size" in grid else [None]
     return tuple(SweepPoint(f"{'default' if k is None else k}shot-limit{limit or 'all'}-batch{batch or 'auto'}", k,
                             limit, batch)
                  for k, limit, batch in itertools.product(shots, limits, batches))
 
 
+def _batch_size(r: NodeReader, node: yaml.Node, value: Any) -> int | None:
+    try:
+        return parse_batch_size(value, "")
+    except RaylmError as e:
+        raise r.fail(node, "settings.batch_size", str(e)) from e
+
+
 def _count(r: NodeReader, node: yaml.Node, value: Any, key: str, minimum: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        extra = " or 'auto'" if key.endswith("batch_size") else " or null (all)" if key.endswith("limit") else \
+        extra = " or null (all)" if key.endswith("limit") else \
             " or null (each task's default)" if key.endswith("num_fewshot") else ""
         raise r.fail(node, key, f"must be an integer >= {minimum}{extra}, got {value!r}")
     return value

@@ -17,10 +17,10 @@ from pathlib import Path
 from raylm.cluster.runtime import actor_pids, connect, cpu_share, kill, set_batch_size, start_actors, wants_gpu
 from raylm.errors import RaylmError, RemoteError
 from raylm.evaluate import evaluate
+from raylm.models.identity import pin_revision
+from raylm.models.spec import check_model_path
 from raylm.results.atomic import write_atomic
-from raylm.results.model_identity import pin_revision
 from raylm.results.report import prepare_output, write_results, write_samples
-from raylm.scoring.models import check_model_path
 from raylm.sweep.config import Sweep, SweepModel, SweepPoint
 from raylm.sweep.plots import METRICS_PNG, plot_metrics, plot_norm_scores
 from raylm.sweep.summary import SUMMARY_CSV, SUMMARY_MD, collect, summary_csv, summary_markdown

@@ -1,7 +1,7 @@
 """raylm's actors under lm-eval's Python API: an `lm_eval.api.model.LM` whose likelihoods are scored on Ray.
 
     import lm_eval
-    from raylm.lm_eval import RayLM
+    from raylm.api import RayLM
 
     with RayLM(pretrained="EleutherAI/pythia-160m", actors=4) as lm:
         results = lm_eval.simple_evaluate(model=lm, tasks=["arc_easy", "mmlu"])
@@ -26,11 +26,14 @@ from lm_eval.api.registry import register_model
 
 from raylm.cluster.runtime import LaunchedActors, connect, plan_actors
 from raylm.cluster.scheduler import score_shards
+from raylm.config import parse_batch_size
 from raylm.errors import RaylmError
-from raylm.requests.encoding import Encoder, resolve_max_length
+from raylm.requests.encoding import Encoder
+from raylm.models.context import context_length
 from raylm.requests.lmeval import describe_problems, request_table
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS, LMEVAL_KIND, make_shards
-from raylm.scoring.models import ModelSpec, check_model_path, load_config, load_tokenizer, resolve_scorer
+from raylm.models.spec import ModelSpec, check_model_path
+from raylm.models.loading import load_config, load_tokenizer, resolve_scorer
 from raylm.tasks.lmeval.build import Request
 
 
@@ -46,11 +49,11 @@ class RayLM(LM):
                  revision: str | None = None, trust_remote_code: bool = False, allow_pickle: bool = False,
                  batch_size: int | str | None = None, shard_size: int = DEFAULT_SHARD_REQUESTS,
                  num_gpus: float | None = None, load_in_4bit: bool = False, load_in_8bit: bool = False,
-                 progress: bool = False) -> None:
+                 max_length: int | None = None, progress: bool = False) -> None:
         super().__init__()
         quantization = "4bit" if load_in_4bit else "8bit" if load_in_8bit else None
         self.spec = ModelSpec(str(pretrained), dtype, device or "auto", revision, trust_remote_code, allow_pickle,
-                              quantization)
+                              quantization, max_length=int(max_length) if max_length is not None else None)
         self.spec.validate()
         check_model_path(self.spec)
         if shard_size < 1:
@@ -61,11 +64,11 @@ class RayLM(LM):
             raise RaylmError(f"'{pretrained}' is a masked LM: RayLM scores causal LMs; score masked LMs on lm-eval's "
                              "tasks with `raylm eval --model ... --tasks ...`")
         self.tokenizer = load_tokenizer(self.spec)
-        self.encoder = Encoder(self.tokenizer, resolve_max_length(config, self.tokenizer))
+        self.encoder = Encoder(self.tokenizer, context_length(self.spec, config, "causal", self.tokenizer))
         # simple_evaluate names a model object by model.config._name_or_path, as HFLM's config has it.
         self.config = SimpleNamespace(_name_or_path=str(pretrained))
         connect()
-        recipe, n = plan_actors(self.spec, actors, _batch_size(batch_size), num_gpus)
+        recipe, n = plan_actors(self.spec, actors, parse_batch_size(batch_size), num_gpus)
         self._launched = LaunchedActors(recipe, n)
         self._ready = False
 
@@ -133,12 +136,3 @@ class RayLM(LM):
         report = score_shards(actors, self._launched.recipe, shards, self.progress)
         return pa.concat_tables(r.table for r in report.results).sort_by(
             [("req_idx", "ascending"), ("window", "ascending")])
-
-
-def _batch_size(value: int | str | None) -> int | None:
-    """lm-eval's batch_size ("auto", "auto:N", N) as raylm's: None fills a token budget, N caps requests."""
-    if value is None or str(value).startswith("auto"):
-        return None
-    if not str(value).isdigit() or int(value) < 1:
-        raise RaylmError(f"batch_size must be 'auto' or a positive integer, got {value!r}")
-    return int(value)

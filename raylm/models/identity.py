@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from raylm.errors import RaylmError, first_line
-from raylm.scoring.models import ModelSpec, looks_local
+from raylm.models.spec import ModelSpec, looks_local
 
 log = logging.getLogger(__name__)
 

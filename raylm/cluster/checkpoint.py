@@ -20,15 +20,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import raylm
+from raylm.cluster.scored import ScoredShard
 from raylm.errors import RaylmError
-from raylm.results.model_identity import model_digest
-from raylm.results.ownership import (CHECKPOINT_DIR, MANIFEST, RESULTS, foreign_checkpoint, remove_raylm_files,
-                                     results_kind)
-from raylm.scoring.models import ModelSpec
-from raylm.requests.shards import ScoredShard
-from raylm.results.sums import shard_sums
+from raylm.models.identity import model_digest
+from raylm.models.spec import ModelSpec
 from raylm.requests.shards import Shard
 from raylm.results.atomic import write_atomic
+from raylm.results.ownership import (
+    CHECKPOINT_DIR,
+    MANIFEST,
+    RESULTS,
+    foreign_checkpoint,
+    remove_raylm_files,
+    results_kind,
+)
+from raylm.results.sums import shard_sums
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +62,7 @@ def fingerprint(spec: ModelSpec, tasks: tuple[str, ...], tables: dict[str, tuple
                 shards: list[Shard], num_fewshot: int, seed: int, limit: int | None) -> dict[str, Any]:
     """Everything a shard's results depend on, except the actor count and batch size, which must not matter.
 
-    `spec` must be pinned (raylm.results.model_identity.pin_revision): a hub model is then fingerprinted by its
+    `spec` must be pinned (raylm.models.identity.pin_revision): a hub model is then fingerprinted by its
     commit, never by a branch name that can move."""
     return {
         "model": {**spec.as_dict(), "files": model_digest(spec)},

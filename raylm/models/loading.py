@@ -7,101 +7,33 @@ before it starts Ray, and `raylm eval` starts Ray while a thread imports torch a
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import threading
-from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raylm.errors import RaylmError, first_line
-from raylm.scoring.attention import load_implementation
+from raylm.models.spec import (
+    PLL_VARIANTS,
+    SCORERS,
+    ModelSpec,
+    check_choice,
+    check_device,
+    check_quantization,
+    model_source,
+)
 
 if TYPE_CHECKING:
     import torch
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-SAFE_WEIGHTS = "*.safetensors"
-PICKLE_WEIGHTS = "pytorch_model*.bin"
-QUANTIZATIONS = ("4bit", "8bit")
-SCORERS = ("auto", "causal", "mlm")
-# Pseudo-log-likelihood variants (raylm.scoring.mlm): Salazar et al.'s, and Kauf & Ivanova's within-word l2r.
-PLL_VARIANTS = ("original", "word-l2r")
 # bitsandbytes' packed CPU kernel for 4-bit weights needs out_features % 32 == 0 and in_features % blocksize == 0;
 # other layers (stories260K's 172-wide MLP) must take its generic path or the first forward fails.
 CPU_PACKED_4BIT_BLOCK_N = 32
-# transformers loads bitsandbytes models through accelerate's device_map; neither is imported unless asked for.
-QUANTIZATION_PACKAGES = ("bitsandbytes", "accelerate")
 # On CPUs with AVX512-BF16, importing bitsandbytes tries to fetch an optional 4-bit kernel from the Hugging Face hub
 # through the `kernels` package and warns when it cannot. Its built-in CPU kernel is what runs either way, so the
 # warning (once per actor, on every 4-bit load) tells a raylm user nothing they can act on.
 BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
 HUB_KERNEL_WARNING = "Failed to load CPU gemm_4bit_forward from kernels-community"
 _TRANSFORMERS_IMPORT = threading.Lock()
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Everything needed to load the same model on any node; small and picklable so it can travel to actors."""
-
-    path: str
-    dtype: str = "auto"
-    device: str = "auto"
-    revision: str | None = None
-    trust_remote_code: bool = False
-    allow_pickle: bool = False  # pickle weights (pytorch_model.bin) can run code when loaded: opt-in only
-    quantization: str | None = None  # None, "4bit" (nf4, double quant, bf16 compute) or "8bit" (LLM.int8)
-    scorer: str = "auto"  # "auto" (from the config: masked_or_causal), "causal" or "mlm"
-    pll: str = "original"  # the PLL variant a masked LM is scored with
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def validate(self) -> None:
-        """Refuse unknown settings where a run starts (the driver, a sweep file), before any actor loads weights."""
-        check_dtype(self.dtype)
-        check_device(self.device)
-        check_quantization(self.quantization)
-        check_choice("scorer", self.scorer, SCORERS)
-        check_choice("PLL variant", self.pll, PLL_VARIANTS)
-
-
-def check_choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise RaylmError(f"unknown {what} {value!r} (use {', '.join(allowed)})")
-
-
-def check_dtype(dtype: str) -> None:
-    if dtype not in DTYPES:
-        raise RaylmError(f"unknown dtype {dtype!r} (use {', '.join(DTYPES)})")
-
-
-def check_device(device: str) -> None:
-    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
-        raise RaylmError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)")
-
-
-def looks_local(path: str) -> bool:
-    """Hub ids are 'name' or 'org/name'; anything else is meant as a directory on disk."""
-    return path.startswith((".", "/", "~")) or path.count("/") > 1 or Path(path).exists()
-
-
-def check_model_path(spec: ModelSpec) -> None:
-    """Fail on the driver, before any actor starts, with a message naming the directory."""
-    if not looks_local(spec.path):
-        return
-    path = Path(spec.path).expanduser()
-    if not path.is_dir():
-        raise RaylmError(f"model path '{spec.path}' does not exist or is not a directory")
-    if not (path / "config.json").is_file():
-        raise RaylmError(f"model directory '{spec.path}' has no config.json")
-    if any(path.glob(SAFE_WEIGHTS)):
-        return
-    if not any(path.glob(PICKLE_WEIGHTS)):
-        raise RaylmError(f"model directory '{spec.path}' has no weights (*.safetensors or pytorch_model*.bin)")
-    if not spec.allow_pickle:
-        raise RaylmError(f"model directory '{spec.path}' has only pickle weights (pytorch_model*.bin), which can run "
-                         "code when loaded; pass --allow-pickle if you trust them, or convert them to safetensors")
 
 
 def resolve_device(device: str) -> str:
@@ -135,7 +67,7 @@ def load_config(spec: ModelSpec):
 
 def _from_pretrained(auto_class: str, what: str, spec: ModelSpec) -> Any:
     try:
-        return _from_transformers(auto_class).from_pretrained(_source(spec), revision=spec.revision,
+        return _from_transformers(auto_class).from_pretrained(model_source(spec), revision=spec.revision,
                                                               trust_remote_code=spec.trust_remote_code)
     except (OSError, ValueError) as e:
         raise RaylmError(f"could not load {what} of '{spec.path}': {first_line(e)}") from e
@@ -175,6 +107,32 @@ def resolve_scorer(spec: ModelSpec, config) -> str:
     return scorer
 
 
+def text_config(config):
+    """The language model's own config, for models whose top-level config wraps one (Gemma-3, LLaVA-style)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def load_implementation(config, trust_remote_code: bool) -> str | None:
+    """The attention implementation raylm asks from_pretrained for: sdpa where the class supports it, else eager
+    (Gemma-2, BLOOM, MPT). None leaves the choice where it already is: an implementation the model's config.json
+    states (the user's or the author's), or remote code's own default. Either way the plan is made from the
+    implementation the loaded model ends up with, since a config.json "_attn_implementation" wins over the
+    argument."""
+    if text_config(config)._attn_implementation is not None or _is_remote(config, trust_remote_code):
+        return None
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.auto_factory import _get_model_class
+
+    if type(config) not in AutoModelForCausalLM._model_mapping:
+        return None
+    model_class = _get_model_class(config, AutoModelForCausalLM._model_mapping)
+    return "sdpa" if model_class._supports_sdpa else "eager"
+
+
+def _is_remote(config, trust_remote_code: bool) -> bool:
+    return trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
+
+
 def load_model(spec: ModelSpec, kind: str = "causal") -> torch.nn.Module:
     """The model with its causal LM head, or (kind "mlm") its masked-LM head, which must be in the checkpoint."""
     auto_class = _from_transformers("AutoModelForMaskedLM" if kind == "mlm" else "AutoModelForCausalLM")
@@ -191,7 +149,8 @@ def load_model(spec: ModelSpec, kind: str = "causal") -> torch.nn.Module:
     if implementation is not None:
         placement["attn_implementation"] = implementation
     try:
-        model, info = auto_class.from_pretrained(_source(spec), revision=spec.revision, dtype=_torch_dtype(spec.dtype),
+        model, info = auto_class.from_pretrained(model_source(spec), revision=spec.revision,
+                                                 dtype=_torch_dtype(spec.dtype),
                                                  trust_remote_code=spec.trust_remote_code,
                                                  use_safetensors=None if spec.allow_pickle else True,
                                                  output_loading_info=True, **placement)
@@ -238,27 +197,6 @@ def _use_fused_tanh_gelu(model: torch.nn.Module) -> None:
                 setattr(parent, name, GELUTanh())
 
 
-def check_quantization(quantization: str | None) -> None:
-    """Refuse an unknown quantization, or one whose packages are missing: on the driver before Ray starts, and
-    again where a model loads."""
-    if quantization is None:
-        return
-    if quantization not in QUANTIZATIONS:
-        raise RaylmError(f"unknown quantization '{quantization}' (use {' or '.join(QUANTIZATIONS)})")
-    missing = [name for name in QUANTIZATION_PACKAGES if not _importable(name)]
-    if missing:
-        raise RaylmError(f"{quantization} loading needs {' and '.join(QUANTIZATION_PACKAGES)}, which `pip install "
-                         f"raylm` brings; {', '.join(missing)} is not installed here (pip install "
-                         f"{' '.join(QUANTIZATION_PACKAGES)})")
-
-
-def _importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def quantization_config(quantization: str):
     """bitsandbytes settings for a ModelSpec.quantization value; bitsandbytes is imported only when asked for."""
     import torch
@@ -293,7 +231,3 @@ def _torch_dtype(name: str):
     import torch
 
     return name if name == "auto" else getattr(torch, name)
-
-
-def _source(spec: ModelSpec) -> str:
-    return str(Path(spec.path).expanduser()) if looks_local(spec.path) else spec.path

@@ -1,0 +1,19 @@
+"""What a scoring actor sends back for one shard. Kept apart from raylm.cluster.actors (torch, Ray) so the driver's
+checkpoint and scheduler can name it without importing either."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+
+@dataclass
+class ScoredShard:
+    """What an actor sends back for one shard: its scored requests, their sums, who scored them, and whether that
+    actor shared prefixes between requests (its config.prefix_sharing verdict; None where no actor said)."""
+
+    table: pa.Table
+    sums: dict[str, float]
+    pid: int
+    prefix_sharing: str | None = None
