@@ -11,7 +11,8 @@ import jsonschema
 import ray
 import yaml
 
-from raylm.cluster.capacity import NODE_TYPES_ENV, node_types_from_config
+from raylm.cluster.capacity import HEAD_RESOURCE, NODE_TYPES_ENV, capacity_of, node_types_from_config
+from raylm.cluster.placement import Ask, plan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,3 +55,12 @@ def test_head_tells_placement_which_nodes_the_autoscaler_may_add():
     types, max_added = node_types_from_config(config, "cluster.yaml", strict=False)
     assert [t.name for t in types if t.resources.get("GPU", 0) >= 1] == ["gpu_worker"]
     assert max_added == config["max_workers"]
+
+
+def test_a_job_on_the_fresh_cluster_asks_for_one_gpu_actor_per_gpu_it_can_grow_to():
+    """What docs/cluster.md says the first job on cluster.yaml logs, with only its 0-CPU head up."""
+    head = {**load()["available_node_types"]["head"]["resources"], HEAD_RESOURCE: 1.0}
+    placement = plan(Ask(), capacity_of([head], None, str(REPO / "cluster.yaml"), started_here=False))
+    line = ("8 actors x 1 GPU (0.5 CPU each): one per GPU the cluster can grow to (8); --device auto: no GPU up yet; "
+            "the autoscaler may add gpu_worker nodes (from RAYLM_NODE_TYPES)")
+    assert placement.reason == line and f"placement: {line}" in (REPO / "docs" / "cluster.md").read_text()

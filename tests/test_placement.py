@@ -146,7 +146,7 @@ def test_unknown_growth_is_said_and_never_guessed():
     with pytest.raises(RaylmError, match=r"cannot tell which nodes its autoscaler may add: set RAYLM_NODE_TYPES"):
         plan(Ask(), Capacity((HEAD0,), None, ""))
     p = plan(Ask(), Capacity(({"CPU": 4.0, HEAD_RESOURCE: 1.0},), None, ""))
-    assert p.device == "cpu" and "the node types an autoscaler may add are unknown" in p.reason
+    assert p.device == "cpu" and "the nodes an autoscaler may add are unknown (RAYLM_NODE_TYPES unset)" in p.reason
     with pytest.raises(RaylmError, match="cannot tell which nodes the autoscaler may add"):
         plan(Ask(actors=3), Capacity(({"CPU": 1.0}, {"CPU": 1.0}), None, ""))
 

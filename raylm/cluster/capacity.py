@@ -95,8 +95,8 @@ def actors_that_fit_grown(capacity: Capacity, num_cpus: float, num_gpus: float) 
 def grown_cpus(capacity: Capacity, nodes: int) -> list[float]:
     """The CPUs of the head and of up to `nodes` added nodes with the most CPUs: where `nodes` CPU actors could go
     once the autoscaler has added them."""
-    sizes = sorted((t.resources.get("CPU", 0.0) for t in capacity.addable or () for _ in range(min(t.max_count, nodes))),
-                   reverse=True)[:min(nodes, capacity.max_added)]
+    sizes = [t.resources.get("CPU", 0.0) for t in capacity.addable or () for _ in range(min(t.max_count, nodes))]
+    sizes = sorted(sizes, reverse=True)[:min(nodes, capacity.max_added)]
     return [r.get("CPU", 0.0) for r in capacity.head] + sizes
 
 

@@ -85,8 +85,8 @@ def uses_gpu(ask: Ask, capacity: Capacity) -> tuple[bool, str]:
         if not any(r.get("CPU", 0) >= 1 for r in capacity.live):
             raise RaylmError("no node of this cluster has a GPU or a whole CPU for a scoring actor, and raylm cannot "
                              f"tell which nodes its autoscaler may add: {HINT}, or pass --device cuda")
-        return False, ("--device auto: no GPU up now; the node types an autoscaler may add are unknown "
-                       f"(if it may add GPU nodes, {HINT})")
+        return False, (f"--device auto: no GPU up now, and the nodes an autoscaler may add are unknown "
+                       f"({NODE_TYPES_ENV} unset)")
     return False, "--device auto: no GPU up now and none the cluster can add"
 
 
