@@ -83,6 +83,7 @@ def test_raylm_eval_asks_for_gpu_actors_and_the_autoscaler_adds_their_nodes(tmp_
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
     assert PLACEMENT_LINE in log, log[-3000:]
+    assert PLACEMENT_LINE in (REPO / "docs" / "cluster.md").read_text()  # the docs quote this run
     assert nodes == 1 + GPU_WORKERS
     assert [a["required_resources"] for a in actors] == [{"CPU": 0.5, "GPU": 1.0}] * GPU_WORKERS
     assert f"{FAKE_GPUS_ENV}=1: computing on CPU although Ray gave this actor GPU(s)" in log
