@@ -24,7 +24,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from raylm.cluster.runtime import LaunchedActors, connect, plan_actors
+from raylm.cluster.runtime import LaunchedActors, connect, local_cpus_needed, plan_actors
 from raylm.cluster.scheduler import score_shards
 from raylm.config import parse_batch_size
 from raylm.errors import RaylmError
@@ -67,7 +67,7 @@ class RayLM(LM):
         self.encoder = Encoder(self.tokenizer, context_length(self.spec, config, "causal", self.tokenizer))
         # simple_evaluate names a model object by model.config._name_or_path, as HFLM's config has it.
         self.config = SimpleNamespace(_name_or_path=str(pretrained))
-        connect()
+        connect(min_cpus=local_cpus_needed(actors))
         recipe, n = plan_actors(self.spec, actors, parse_batch_size(batch_size), num_gpus)
         self._launched = LaunchedActors(recipe, n)
         self._ready = False

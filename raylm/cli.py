@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--bootstrap-iters", type=int, default=DEFAULT_BOOTSTRAP_ITERS,
                     help="bootstrap draws for the stderr of lm-eval metrics that need them (0: no stderr)")
     ev.add_argument("--batch-size", type=_batch_size, default=None, help="'auto' (token budget) or N requests")
-    ev.add_argument("--actors", type=int, help="scoring actors (default: one per GPU, or one on CPU)")
+    ev.add_argument("--actors", type=int, help="scoring actors (default: one per GPU the cluster has or can grow "
+                    "to, up to 16; else one on CPU; see docs/cluster.md)")
     ev.add_argument("--dtype", default="auto", choices=list(DTYPES))
     ev.add_argument("--device", default="auto", help="auto, cpu or cuda")
     ev.add_argument("--revision", help="model revision on the hub")
@@ -144,7 +145,8 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--text-column", default="text", help="column holding the documents (Parquet, JSONL)")
         p.add_argument("--max-length", type=int, help="tokens per window (default and upper bound: the model's)")
         p.add_argument("--stride", type=int, help="new tokens scored per window (default: max length, disjoint)")
-        p.add_argument("--actors", type=int, help="model actors (default: one per GPU, or one on CPU)")
+        p.add_argument("--actors", type=int, help="model actors (default: one per GPU the cluster has or can grow "
+                       "to, up to 16; else one on CPU)")
         p.add_argument("--limit-docs", type=int, help="first N documents only")
         p.add_argument("--docs-per-batch", type=int, default=DEFAULT_DOCS_PER_BATCH)
         p.add_argument("--dtype", default="auto", choices=list(DTYPES))

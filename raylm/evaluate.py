@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from raylm.cluster.checkpoint import Checkpoint, fingerprint
-from raylm.cluster.runtime import ActorHandle, LaunchedActors, connect, gcs_address, plan_actors
+from raylm.cluster.runtime import ActorHandle, LaunchedActors, connect, gcs_address, local_cpus_needed, plan_actors
 from raylm.cluster.scheduler import ScheduleReport, score_shards
 from raylm.cluster.scored import ScoredShard
 from raylm.config import EvalConfig
@@ -270,6 +270,6 @@ def _lmeval_results(cfg: EvalConfig, built: Built, tables: Tables, results: dict
 
 
 def _launch(cfg: EvalConfig) -> LaunchedActors:
-    connect()
+    connect(min_cpus=local_cpus_needed(cfg.actors))
     recipe, n = plan_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus, cfg.num_cpus)
     return LaunchedActors(recipe, n)

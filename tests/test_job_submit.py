@@ -59,19 +59,19 @@ def cluster_env() -> dict[str, str]:
     return env
 
 
-def ray_node(args: list[str], temp_dir: Path, ports: dict[str, int], ready: Callable[[], bool]
-             ) -> contextlib.AbstractContextManager[None]:
+def ray_node(args: list[str], temp_dir: Path, ports: dict[str, int], ready: Callable[[], bool],
+             env_extra: dict[str, str] | None = None) -> contextlib.AbstractContextManager[None]:
     """`ray start --block ARGS` on its own ports and in its own process group, once ready() says it is up."""
     command = [RAY, "start", "--block", "--node-ip-address", "127.0.0.1", "--temp-dir", str(temp_dir),
                "--object-store-memory", str(128 * 1024**2), "--disable-usage-stats", *args,
                *(arg for flag, port in ports.items() for arg in (f"--{flag}", str(port)))]
-    return _running(command, temp_dir / "ray-start.log", ready)
+    return _running(command, temp_dir / "ray-start.log", ready, {**cluster_env(), **(env_extra or {})})
 
 
 @contextlib.contextmanager
-def _running(command: list[str], log_path: Path, ready: Callable[[], bool]) -> Iterator[None]:
+def _running(command: list[str], log_path: Path, ready: Callable[[], bool], env: dict[str, str]) -> Iterator[None]:
     log = open(log_path, "w")
-    node = subprocess.Popen(command, env=cluster_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    node = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + STARTUP_S
         while not ready():
@@ -98,14 +98,20 @@ def _answers(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def ray_head(temp_dir: Path, num_cpus: int = 2) -> Iterator[tuple[str, int]]:
+def ray_head(temp_dir: Path, num_cpus: int = 2, ports: dict[str, int] | None = None, extra_args: tuple[str, ...] = (),
+             env_extra: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
     """A head node on its own ports (so it cannot collide with other Rays here). The job server lives in the
     dashboard process, so the dashboard is included."""
-    ports = {flag: free_port() for flag in PORT_FLAGS}
+    ports = ports or head_ports()
     address = f"http://127.0.0.1:{ports['dashboard-port']}"
-    args = ["--head", "--num-cpus", str(num_cpus), "--include-dashboard", "true", "--dashboard-host", "127.0.0.1"]
-    with ray_node(args, temp_dir, ports, lambda: _answers(f"{address}/api/version")):
+    args = ["--head", "--num-cpus", str(num_cpus), "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+            *extra_args]
+    with ray_node(args, temp_dir, ports, lambda: _answers(f"{address}/api/version"), env_extra):
         yield address, ports["port"]
+
+
+def head_ports() -> dict[str, int]:
+    return {flag: free_port() for flag in PORT_FLAGS}
 
 
 def alive_nodes(address: str) -> int:
@@ -126,12 +132,20 @@ def submit_demo(address: str, tmp_path: Path) -> dict:
     working_dir = tmp_path / "job"
     shutil.copytree(REPO / "raylm", working_dir / "raylm", ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [RAY, "job", "submit", "--address", address, "--working-dir", str(working_dir), "--",
-         sys.executable, "-m", "raylm", "eval", "--demo", "--limit", "5", "--output", str(out), "--no-progress"],
-        env=cluster_env(), capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0 and "succeeded" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    submit(address, ["--working-dir", str(working_dir)], demo_args(out))
     return json.loads((out / "results.json").read_text())
+
+
+def demo_args(out: Path) -> list[str]:
+    return [sys.executable, "-m", "raylm", "eval", "--demo", "--limit", "5", "--output", str(out), "--no-progress"]
+
+
+def submit(address: str, options: list[str], entrypoint: list[str]) -> str:
+    """`ray job submit OPTIONS -- ENTRYPOINT`, which must succeed; the job's output."""
+    proc = subprocess.run([RAY, "job", "submit", "--address", address, *options, "--", *entrypoint],
+                          env=cluster_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0 and "succeeded" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    return proc.stdout
 
 
 def assert_equals_local_run(results: dict) -> None:

@@ -1,19 +1,36 @@
-"""Sizing actors to fit the cluster's nodes, and an actor no node can hold stopping the run with one line."""
+"""Placement without a cluster: what the cluster has and can become (live nodes, the node types an autoscaler may
+add) -> how many actors asking for what, with the line that says why; and an actor no node can hold stopping the
+run with one line."""
 
 from __future__ import annotations
 
-import math
+import json
 import random
+from pathlib import Path
 
 import pytest
+import yaml
+from ray.core.generated import autoscaler_pb2
 
 import raylm.cluster.runtime as runtime
-from raylm.cluster.runtime import ActorRecipe, LaunchedActors, actors_that_fit, fitted_share, plan_actors
+from raylm.cluster.actors import ScoringActor
+from raylm.cluster.capacity import (HEAD_RESOURCE, UNBOUNDED, Capacity, NodeType, actors_that_fit, capacity_of,
+                                    parse_node_types)
+from raylm.cluster.devices import FAKE_GPUS_ENV, device_here, fake_gpus
+from raylm.cluster.placement import DEFAULT_MAX_ACTORS, Ask, plan, whole_cpu_share
+from raylm.cluster.runtime import ActorRecipe, LaunchedActors, plan_actors
 from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
 
+REPO = Path(__file__).resolve().parents[1]
+HEAD0 = {"CPU": 0.0, HEAD_RESOURCE: 1.0}  # cluster.yaml's head: no CPU for actors, no GPU
 
-def fits(node_cpus: list[float], actors: int, share: float, reserve: float) -> bool:
+
+def gpu_worker(max_count: int, name: str = "gpu_worker", cpus: float = 4, gpus: float = 1) -> NodeType:
+    return NodeType(name, {"CPU": cpus, "GPU": gpus}, max_count)
+
+
+def fits(node_cpus: list[float], actors: int, share: int, reserve: float) -> bool:
     """Place actors one by one on any node with room left, the reserve taken first from the largest node."""
     free = sorted(node_cpus, reverse=True)
     free[0] -= reserve
@@ -26,48 +43,181 @@ def fits(node_cpus: list[float], actors: int, share: float, reserve: float) -> b
     return placed == actors
 
 
-def slow_share(node_cpus: list[float], actors: int, reserve: float) -> float:
-    """Every share in Ray's 1e-4 CPU units, largest first, until all actors fit."""
-    for units in range(int(max(node_cpus) * 10_000), 0, -1):
-        if fits(node_cpus, actors, units / 10_000, reserve):
-            return units / 10_000
-    return 1e-4
+def slow_share(node_cpus: list[float], actors: int, reserve: float) -> int | None:
+    """Every whole share, largest first, until all actors fit."""
+    for share in range(int(max(node_cpus)), 0, -1):
+        if fits(node_cpus, actors, share, reserve):
+            return share
+    return None
 
 
 @pytest.mark.parametrize("nodes,actors,reserve,expected", [
-    ([2], 1, 0, 2), ([2], 2, 0, 1), ([1, 1], 1, 0, 1), ([1, 1], 2, 0, 1), ([1, 1], 3, 0, 0.5),
-    ([3, 1], 2, 0, 1.5), ([4, 2], 1, 1, 3), ([2, 2], 3, 0, 1), ([3], 3, 0, 1), ([2], 3, 0, 0.6666),
+    ([2], 1, 0, 2), ([2], 2, 0, 1), ([1, 1], 1, 0, 1), ([1, 1], 2, 0, 1), ([1, 1], 3, 0, None),
+    ([3, 1], 2, 0, 1), ([4, 2], 1, 1, 3), ([2, 2], 3, 0, 1), ([3], 3, 0, 1), ([2], 3, 0, None), ([0], 1, 0, None),
+    ([8, 4], 2, 0, 4), ([2], 1, 1, 1), ([2], 2, 1, None), ([0.5], 1, 0, None),
 ])
-def test_fitted_share_on_known_clusters(nodes, actors, reserve, expected):
-    assert fitted_share(nodes, actors, reserve) == pytest.approx(expected, abs=1e-12)
+def test_whole_cpu_share_on_known_clusters(nodes, actors, reserve, expected):
+    assert whole_cpu_share(nodes, actors, reserve) == expected
 
 
-def test_fitted_share_is_the_largest_share_that_fits_on_random_clusters():
+def test_whole_cpu_share_is_the_largest_that_fits_on_random_clusters():
     rnd = random.Random(7)
-    for _ in range(40):
+    for _ in range(60):
         nodes = [rnd.choice([1, 2, 3, 4, 6, 8, 0.5]) for _ in range(rnd.randint(1, 4))]
         actors, reserve = rnd.randint(1, 7), rnd.choice([0, 0, 1])
         if max(nodes) <= reserve:
             continue
-        share = fitted_share(nodes, actors, reserve)
-        assert fits(nodes, actors, share, reserve), (nodes, actors, reserve, share)
-        assert math.isclose(share, slow_share(nodes, actors, reserve), abs_tol=1e-9), (nodes, actors, reserve)
+        share = whole_cpu_share(nodes, actors, reserve)
+        assert share == slow_share(nodes, actors, reserve), (nodes, actors, reserve)
+        assert share is None or fits(nodes, actors, share, reserve)
 
 
-def test_one_actor_on_two_one_cpu_nodes_asks_for_one_cpu(monkeypatch):
-    """The defect: the whole cluster's two CPUs were asked for one actor, which no node could hold."""
-    monkeypatch.setattr(runtime, "node_resources", lambda: [{"CPU": 1.0}, {"CPU": 1.0}])
-    monkeypatch.setattr(runtime, "wants_gpu", lambda spec, num_gpus: False)
+def test_the_issues_cluster_asks_for_gpu_actors_before_any_gpu_node_is_up():
+    """cluster.yaml's shape, nothing but the 0-CPU head up: it planned one actor of 0.0001 CPU; now one GPU actor
+    per GPU the cluster can grow to, said in one line."""
+    p = plan(Ask(), Capacity((HEAD0,), (gpu_worker(8),), "RAYLM_NODE_TYPES", 8))
+    assert (p.actors, p.num_gpus, p.num_cpus, p.device, p.awaits_nodes) == (8, 1.0, 0.5, "cuda", True)
+    assert p.reason == ("8 actors x 1 GPU (0.5 CPU each): one per GPU the cluster can grow to (8); --device auto: no "
+                        "GPU up yet; the autoscaler may add gpu_worker nodes (from RAYLM_NODE_TYPES)")
+
+
+def test_default_gpu_actors_are_capped_and_never_fewer_than_are_up():
+    big = Capacity((HEAD0,), (gpu_worker(100),), "RAYLM_NODE_TYPES")
+    p = plan(Ask(), big)
+    assert p.actors == DEFAULT_MAX_ACTORS and f"(100, capped at {DEFAULT_MAX_ACTORS}; --actors for more)" in p.reason
+    assert plan(Ask(actors=40), big).actors == 40
+    with pytest.raises(RaylmError, match=r"^--actors 101 of 1 GPU each: this cluster holds at most 100 at once"):
+        plan(Ask(actors=101), big)
+    # Three GPU nodes up on a config that says two: what is up counts.
+    up = (HEAD0, *({"CPU": 4.0, "GPU": 1.0},) * 3)
+    assert plan(Ask(), Capacity(up, (gpu_worker(2),), "x")).actors == 3
+    # The global max_workers bounds added nodes of all types together: the 2-GPU type first.
+    two_types = Capacity((HEAD0,), (gpu_worker(8, "a"), gpu_worker(8, "b", gpus=2)), "x", max_added=5)
+    assert plan(Ask(), two_types).actors == 10
+    assert plan(Ask(num_gpus=2), two_types).actors == 5
+
+
+def test_fractional_and_multi_gpu_actors():
+    up = ({"CPU": 8.0, "GPU": 1.0}, {"CPU": 8.0, "GPU": 1.0})
+    assert plan(Ask(num_gpus=0.4), Capacity(up, None, "")).actors == 4
+    with pytest.raises(RaylmError, match="no node has 2 GPU"):
+        plan(Ask(num_gpus=2), Capacity((HEAD0,), (gpu_worker(8),), "x"))
+
+
+def test_gpus_where_there_are_none_fail_at_once():
+    local = Capacity(({"CPU": 2.0, HEAD_RESOURCE: 1.0},), (), "the Ray raylm started on this machine")
+    with pytest.raises(RaylmError, match=r"^--device cuda: no node has 1 GPU\(s\) and 0.5 CPU for a scoring actor"):
+        plan(Ask(device="cuda"), local)
+    cpu_only = Capacity((HEAD0,), (NodeType("cpu_worker", {"CPU": 8.0}, 4),), "x")
+    with pytest.raises(RaylmError, match="may add cpu_worker x4 of 8 CPU/0 GPU"):
+        plan(Ask(device="cuda"), cpu_only)
+    # Growth unknown: a named GPU is waited for, as an autoscaler may add it.
+    p = plan(Ask(device="cuda"), Capacity((HEAD0,), None, ""))
+    assert (p.actors, p.device, p.awaits_nodes) == (1, "cuda", True) and "no GPU is up yet" in p.reason
+
+
+def test_device_requests_no_cluster_can_meet_as_meant_are_refused():
+    anywhere = Capacity(({"CPU": 4.0, "GPU": 2.0},), None, "")
+    for ask, message in ((Ask(device="cuda:1"), "--device cuda:1 names one GPU of one machine"),
+                         (Ask(device="cpu", num_gpus=1), "--device cpu contradicts --num-gpus 1"),
+                         (Ask(device="cuda", num_gpus=0), "--device cuda contradicts --num-gpus 0")):
+        with pytest.raises(RaylmError, match=f"^{message}"):
+            plan(ask, anywhere)
+
+
+def test_cpu_actors_ask_for_whole_cpus_and_run_that_many_threads():
+    laptop = Capacity(({"CPU": 2.0, HEAD_RESOURCE: 1.0},), (), "here")
+    p = plan(Ask(), laptop)
+    assert (p.actors, p.num_cpus, p.threads, p.device) == (1, 2.0, 2, "cpu")
+    assert p.reason.startswith("1 actor x 2 CPU (2 torch threads each), sized to the nodes up now; --device auto: no "
+                               "GPU up now and none the cluster can add")
+    assert (plan(Ask(actors=2), laptop).num_cpus, plan(Ask(reserve_cpus=1), laptop).num_cpus) == (1.0, 1.0)
+    with pytest.raises(RaylmError, match=r"^3 CPU actor\(s\) of a whole CPU each do not fit this cluster"):
+        plan(Ask(actors=3), laptop)
+    # cluster.yaml's 0-CPU head with CPU workers to add: the actor is sized to a worker, not to the head's 0 CPUs.
+    grows = Capacity((HEAD0,), (NodeType("cpu_worker", {"CPU": 8.0}, 2),), "x")
+    p = plan(Ask(device="cpu", actors=2), grows)
+    assert (p.num_cpus, p.threads, p.awaits_nodes) == (8.0, 8, True) and "cpu_worker" in p.reason
+    with pytest.raises(RaylmError, match="do not fit this cluster"):
+        plan(Ask(device="cpu"), Capacity((HEAD0,), (), "x"))
+
+
+def test_unknown_growth_is_said_and_never_guessed():
+    with pytest.raises(RaylmError, match=r"cannot tell which nodes its autoscaler may add: set RAYLM_NODE_TYPES"):
+        plan(Ask(), Capacity((HEAD0,), None, ""))
+    p = plan(Ask(), Capacity(({"CPU": 4.0, HEAD_RESOURCE: 1.0},), None, ""))
+    assert p.device == "cpu" and "the nodes an autoscaler may add are unknown (RAYLM_NODE_TYPES unset)" in p.reason
+    with pytest.raises(RaylmError, match="cannot tell which nodes the autoscaler may add"):
+        plan(Ask(actors=3), Capacity(({"CPU": 1.0}, {"CPU": 1.0}), None, ""))
+
+
+def test_node_types_from_the_hint_inline_or_as_a_cluster_config_file():
+    types, cap = parse_node_types(json.dumps({"max_workers": 4, "available_node_types": {
+        "gpu-group": {"resources": {"CPU": 4, "GPU": 1}, "max_workers": 6}}}))
+    assert (types, cap) == ((NodeType("gpu-group", {"CPU": 4.0, "GPU": 1.0}, 4),), 4)
+    # cluster.yaml itself, as `ray up` leaves it on the head: the head type is not one the autoscaler adds.
+    types, cap = parse_node_types(str(REPO / "cluster.yaml"))
+    config = yaml.safe_load((REPO / "cluster.yaml").read_text())
+    worker = config["available_node_types"]["gpu_worker"]
+    assert types == (NodeType("gpu_worker", {k: float(v) for k, v in worker["resources"].items()},
+                              worker["max_workers"]),) and cap == config["max_workers"]
+
+
+@pytest.mark.parametrize("hint,message", [
+    ("{not json", "RAYLM_NODE_TYPES is not valid JSON"),
+    ('{"gpu": {"resources": {"GPU": 1}}}', "must be a mapping with available_node_types"),
+    ('{"available_node_types": {"g": {"resources": {"GPU": 1}}}, "maxworkers": 2}', r"unknown key\(s\) maxworkers"),
+    ('{"available_node_types": {"g": {"resources": {"GPU": -1}}}}', "resource GPU must be a number 0 or more"),
+    ('{"available_node_types": {"g": {"resources": {"GPU": 1}, "max_workers": 1.5}}}', "max_workers must be a whole"),
+    ('{"available_node_types": {"g": {"GPU": 1}}}', "node type 'g' needs a resources mapping"),
+    ("/nonexistent/ray_bootstrap_config.yaml", "cannot read the cluster config"),
+])
+def test_a_malformed_hint_stops_the_run_in_one_line(hint, message):
+    with pytest.raises(RaylmError, match=message) as err:
+        parse_node_types(hint)
+    assert "\n" not in str(err.value)
+
+
+def test_rays_own_cluster_config_comes_before_the_hint():
+    """Ray's ClusterConfig (autoscaler.proto) as an autoscaler reports it to the GCS; -1 is unbounded."""
+    config = autoscaler_pb2.ClusterConfig()
+    group = config.node_group_configs.add()
+    group.name, group.max_count = "a100", -1
+    group.resources["GPU"], group.resources["CPU"] = 8, 96
+    capacity = capacity_of([HEAD0], config, '{"available_node_types": {}}', False)
+    assert capacity.addable == (NodeType("a100", {"GPU": 8.0, "CPU": 96.0}, UNBOUNDED),)
+    assert capacity.source == "the autoscaler's config in Ray"
+    assert capacity_of([HEAD0], autoscaler_pb2.ClusterConfig(), None, False).addable is None
+    assert capacity_of([HEAD0], None, None, True).addable == ()
+
+
+def test_plan_actors_gives_actors_the_placements_device(monkeypatch):
+    """A CPU actor loads onto the CPU even where torch could see a GPU it did not ask Ray for."""
+    monkeypatch.setattr(runtime, "cluster_capacity", lambda: Capacity(({"CPU": 1.0}, {"CPU": 1.0}), None, ""))
     recipe, n = plan_actors(ModelSpec("unused"), None, None)
-    assert (n, recipe.num_cpus, recipe.threads) == (1, 1.0, 1)
-    recipe, n = plan_actors(ModelSpec("unused"), 3, None)
-    assert (n, recipe.num_cpus) == (3, 0.5)
+    assert (n, recipe.num_cpus, recipe.threads, recipe.spec.device) == (1, 1.0, 1, "cpu")
+    assert actors_that_fit([{"CPU": 1.0}, {"CPU": 1.0}], recipe.num_cpus, 0) == 2
+    monkeypatch.setattr(runtime, "cluster_capacity", lambda: Capacity((HEAD0,), (gpu_worker(2),), "x"))
+    recipe, n = plan_actors(ModelSpec("unused"), None, None)
+    assert (n, recipe.num_gpus, recipe.spec.device, recipe.awaits_nodes) == (2, 1.0, "cuda", True)
 
 
-def test_default_gpu_actors_are_as_many_as_fit_on_each_nodes_gpus(monkeypatch):
-    monkeypatch.setattr(runtime, "node_resources", lambda: [{"CPU": 8.0, "GPU": 1.0}, {"CPU": 8.0, "GPU": 1.0}])
-    recipe, n = plan_actors(ModelSpec("unused"), None, None, num_gpus=0.4)
-    assert n == 4 == actors_that_fit(runtime.node_resources(), recipe.num_cpus, 0.4)
+def test_a_gpu_actor_that_finds_no_cuda_device_stops_with_one_line(tiny_llama, monkeypatch):
+    monkeypatch.delenv(FAKE_GPUS_ENV, raising=False)
+    actor = ScoringActor(ModelSpec(str(tiny_llama), "float32", "cuda"), 1, None)
+    with pytest.raises(RaylmError, match=r"^a GPU scoring actor \(Ray's GPU ids: none, CUDA_VISIBLE_DEVICES=") as err:
+        actor.ready()
+    assert "finds no CUDA device" in str(err.value) and "\n" not in str(err.value)
+    assert device_here(ModelSpec("unused", device="cpu")).device == "cpu"
+
+
+def test_the_fake_gpu_drill_switch_is_checked(monkeypatch):
+    for value, expected in (("", False), ("0", False), ("1", True)):
+        monkeypatch.setenv(FAKE_GPUS_ENV, value)
+        assert fake_gpus() is expected
+    monkeypatch.setenv(FAKE_GPUS_ENV, "yes")
+    with pytest.raises(RaylmError, match="RAYLM_FAKE_GPUS must be 1"):
+        fake_gpus()
 
 
 def test_an_actor_no_node_can_hold_stops_the_run_with_one_line(ray_session, tiny_llama, monkeypatch):

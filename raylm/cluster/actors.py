@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import ray
 import torch
 
+from raylm.cluster.devices import device_here
 from raylm.cluster.failures import DeferredStartup
 from raylm.cluster.scored import ScoredShard
 from raylm.models.context import context_length
@@ -59,6 +60,7 @@ class ScoringActor(DeferredStartup):
 
     def start(self, spec: ModelSpec, threads: int, batch_size: int | None) -> None:
         torch.set_num_threads(threads)
+        spec = device_here(spec)
         config = load_config(spec)
         if resolve_scorer(spec, config) == "mlm":
             self.scorer: Scorer | MaskedScorer = MaskedScorer.from_spec(spec, batch_size)

@@ -6,12 +6,15 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ray
+from ray._private import state as ray_state
 from ray.actor import ActorHandle
 
+from raylm.cluster.capacity import Capacity, actors_that_fit, capacity_of, hint_from_env
 from raylm.cluster.cpus import available_cpus
+from raylm.cluster.placement import Ask, plan, uses_gpu, whole_cpu_share
 from raylm.cluster.failures import remote_error
 from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
@@ -19,8 +22,6 @@ from raylm.models.spec import ModelSpec
 log = logging.getLogger(__name__)
 
 LOCAL_OBJECT_STORE_BYTES = 512 * 1024**2
-GPU_ACTOR_CPUS = 0.5
-CPU_UNITS = 10_000  # Ray counts resources in units of 1/10,000
 # Actors that no node of the cluster could hold are waited for this long (an autoscaler may add a node), then the
 # run stops naming them; actors that fit but wait for room other jobs hold are waited for as long as it takes.
 PLACEMENT_WAIT_S = 600.0
@@ -32,22 +33,32 @@ READY_POLL_S = 5.0
 # than a per-actor runtime_env (Ray's job supervisor's way) keeps the prestarted workers usable: with a
 # runtime_env each actor waited about 1.5 s more for a fresh worker process.
 LOCAL_SYSTEM_CONFIG = {"worker_niceness": 0}
+_started_here = False  # this process started the Ray it uses (a local one, which no autoscaler grows)
 
 
-def connect() -> None:
+def connect(min_cpus: int = 0) -> None:
     """Attach when RAY_ADDRESS is set (as under `ray job submit`), else start a small local Ray (address="local":
     never silently join a cluster some other `ray start` left on this machine).
 
     Resource arguments and system settings are only valid when starting a cluster, so an attaching driver passes
-    none: on a cluster, workers run at the niceness the cluster was started with.
+    none: on a cluster, workers run at the niceness the cluster was started with. The local Ray has at least
+    `min_cpus` logical CPUs, so that the actors a user asks for (each a whole CPU) and the CPU other work keeps all
+    fit even where the machine has fewer cores: they then share them, as any processes would.
     """
+    global _started_here
     if ray.is_initialized():
         return
     if os.environ.get("RAY_ADDRESS"):
         ray.init()
         return
-    ray.init(address="local", num_cpus=available_cpus(), include_dashboard=False,
+    ray.init(address="local", num_cpus=max(available_cpus(), min_cpus), include_dashboard=False,
              object_store_memory=LOCAL_OBJECT_STORE_BYTES, _system_config=LOCAL_SYSTEM_CONFIG)
+    _started_here = True
+
+
+def local_cpus_needed(actors: int | None, reserve_cpus: float = 0.0) -> int:
+    """The logical CPUs a local Ray needs for `actors` actors of a whole CPU each and `reserve_cpus` kept free."""
+    return math.ceil((actors or 1) + reserve_cpus)
 
 
 def gcs_address() -> str | None:
@@ -57,16 +68,10 @@ def gcs_address() -> str | None:
 
 def disconnect() -> None:
     """Stop the Ray this process started (GCS, raylet, actors); attached to a cluster, only disconnect."""
+    global _started_here
     if ray.is_initialized():
         ray.shutdown()
-
-
-def wants_gpu(spec: ModelSpec, num_gpus: float | None) -> bool:
-    """The one rule for scoring on GPUs: GPUs asked for per actor, --device cuda, or --device auto on a cluster
-    that has GPUs."""
-    if num_gpus is not None:
-        return num_gpus > 0
-    return spec.device.startswith("cuda") or (spec.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+    _started_here = False
 
 
 def node_resources() -> list[dict[str, float]]:
@@ -74,46 +79,35 @@ def node_resources() -> list[dict[str, float]]:
     return [node["Resources"] for node in ray.nodes() if node["Alive"]]
 
 
-def fitted_share(node_cpus: list[float], actors: int, reserve: float = 0.0) -> float:
-    """The largest equal CPU share with which `actors` actors all fit on these nodes at once, `reserve` CPUs
-    kept free on the largest node; in Ray's 1e-4 CPU units, so that n shares never add up to more than a node.
-
-    The best share divides some node's CPUs evenly between the actors it holds, so only those values are tried.
-    """
-    units = sorted((round(c * CPU_UNITS) for c in node_cpus if c > 0), reverse=True)
-    if units:
-        units[0] = max(0, units[0] - round(reserve * CPU_UNITS))
-    for share in sorted({u // k for u in units for k in range(1, actors + 1)}, reverse=True):
-        if share > 0 and sum(u // share for u in units) >= actors:
-            return share / CPU_UNITS
-    return 1 / CPU_UNITS
+def cluster_capacity() -> Capacity:
+    """The live nodes, and the node types an autoscaler may add as Ray reports them, else as RAYLM_NODE_TYPES
+    says (raylm.cluster.capacity)."""
+    read_config = getattr(ray_state.state, "get_cluster_config", None)  # a private API Ray Data reads too
+    return capacity_of(node_resources(), read_config() if read_config else None, hint_from_env(), _started_here)
 
 
-def cpu_share(actors: int, reserve: float = 0.0) -> float:
-    """The CPUs each of `actors` CPU actors gets on this cluster (fitted_share): two actors on a two-core laptop
-    get one core each instead of fighting over both, and one actor on two one-CPU nodes asks for one CPU, not
-    for the two that no node has."""
-    return fitted_share([r.get("CPU", 0.0) for r in node_resources()], actors, reserve)
+def wants_gpu(spec: ModelSpec, num_gpus: float | None) -> bool:
+    """Whether actors for this model score on GPUs here (raylm.cluster.placement's rule)."""
+    return uses_gpu(Ask(spec.device, num_gpus), cluster_capacity())[0]
 
 
-def actors_that_fit(nodes: list[dict[str, float]], num_cpus: float, num_gpus: float) -> int:
-    """How many actors asking for num_cpus and num_gpus the nodes could hold at once, each on one node."""
-    def per_node(have: float, need: float) -> float:
-        return math.floor(have / need + 1e-9) if need > 0 else math.inf
-
-    total = sum(min(per_node(r.get("CPU", 0.0), num_cpus), per_node(r.get("GPU", 0.0), num_gpus)) for r in nodes)
-    return int(min(total, 1_000_000))
+def cpu_share(actors: int) -> int:
+    """The whole CPUs each of `actors` CPU actors can have with all placed at once on the live nodes; 1 where they
+    do not all fit, so that the rest queue for CPUs (a sweep's models run one after another)."""
+    return whole_cpu_share([r.get("CPU", 0.0) for r in node_resources()], actors) or 1
 
 
 @dataclass(frozen=True)
 class ActorRecipe:
     """How one scoring actor is started, kept so the scheduler can start an identical one when an actor dies."""
 
-    spec: ModelSpec
+    spec: ModelSpec  # its device is the placement's: "cuda" or "cpu"
     batch_size: int | None
     num_cpus: float
     num_gpus: float
     threads: int
+    reason: str = ""  # the placement's log line
+    awaits_nodes: bool = False  # some actors fit only on nodes the autoscaler has yet to add
 
     def start(self) -> ActorHandle:
         """Ask Ray for a new actor; it is ready (model loaded) when its `ready()` returns.
@@ -129,28 +123,13 @@ class ActorRecipe:
 
 def plan_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus: float | None = None,
                 num_cpus: float | None = None, reserve_cpus: float = 0.0) -> tuple[ActorRecipe, int]:
-    """The per-actor recipe and actor count (default: one per GPU when scoring on GPUs, else one).
-
-    CPU actors split the cluster's CPUs between them in shares that fit on its nodes (cpu_share), less
-    `reserve_cpus` left to other work (Ray Data's read tasks), and run as many torch threads as their share of the
-    cores. The default GPU actor count is how many fit on the nodes' GPUs. GPU actors reserve only a fraction of a
-    CPU so that a node with few CPUs per GPU cannot deadlock. `num_cpus` overrides both, so that actors for different
-    models (a sweep) can share a machine instead of each claiming all of it.
-    """
-    gpu = wants_gpu(spec, num_gpus)
-    if num_gpus is None:
-        num_gpus = 1.0 if gpu else 0.0
-    if n is None:
-        n = max(1, actors_that_fit(node_resources(), 0.0, num_gpus)) if gpu else 1
-    if n < 1:
-        raise RaylmError(f"--actors must be at least 1, got {n}")
-    if gpu:
-        cpus, threads = GPU_ACTOR_CPUS, 1
-    else:
-        cpus, threads = cpu_share(n, reserve_cpus), max(1, int(cpu_share(n)))
-    if num_cpus is not None:
-        cpus, threads = num_cpus, max(1, int(num_cpus))
-    return ActorRecipe(spec, batch_size, cpus, num_gpus, threads), n
+    """The per-actor recipe and actor count for this cluster, by raylm.cluster.placement's rule; `num_cpus`
+    overrides the CPUs per actor (a sweep's models share a machine instead of each claiming all of it), and
+    `reserve_cpus` is kept free of CPU actors for other work (Ray Data's read tasks)."""
+    placement = plan(Ask(spec.device, num_gpus, num_cpus, n, reserve_cpus), cluster_capacity())
+    recipe = ActorRecipe(replace(spec, device=placement.device), batch_size, placement.num_cpus, placement.num_gpus,
+                         placement.threads, placement.reason, placement.awaits_nodes)
+    return recipe, placement.actors
 
 
 class LaunchedActors:
@@ -158,6 +137,8 @@ class LaunchedActors:
 
     def __init__(self, recipe: ActorRecipe, n: int):
         self.recipe = recipe
+        if recipe.reason:
+            log.info("placement: %s", recipe.reason)
         self.actors = [recipe.start() for _ in range(n)]
 
     def wait_ready(self, placement_wait_s: float = PLACEMENT_WAIT_S) -> list[ActorHandle]:
@@ -184,8 +165,10 @@ class LaunchedActors:
             now = time.monotonic()
             if unplaceable_since is None:
                 unplaceable_since = now
-                log.warning("%s; waiting up to %.0f s for a node with room", self._unplaceable(len(pending), nodes),
-                            placement_wait_s)
+                awaited = "the autoscaler to add nodes" if self.recipe.awaits_nodes else "a node with room"
+                (log.info if self.recipe.awaits_nodes else log.warning)(
+                    "%s; waiting up to %.0f s for %s", self._unplaceable(len(pending), nodes), placement_wait_s,
+                    awaited)
             if now - unplaceable_since >= placement_wait_s:
                 raise RaylmError(f"{self._unplaceable(len(pending), nodes)}; waited {placement_wait_s:.0f} s "
                                  "(use fewer --actors or --num-gpus, or a cluster with bigger nodes)")

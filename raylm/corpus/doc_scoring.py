@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from raylm.cluster.devices import device_here
 from raylm.cluster.failures import DeferredStartup
 from raylm.errors import InputError
 from raylm.models.loading import load_model, load_tokenizer
@@ -92,7 +93,7 @@ class DocPerplexity(DeferredStartup):
         if threads:
             torch.set_num_threads(threads)
         self.encoder = Encoder(load_tokenizer(spec), max_length)
-        self.scorer = Scorer(load_model(spec), max_length)
+        self.scorer = Scorer(load_model(device_here(spec)), max_length)
         self.stride = stride
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -115,7 +116,7 @@ class DocPseudoPerplexity(DeferredStartup):
         if threads:
             torch.set_num_threads(threads)
         self.encoder = MaskedEncoder(load_tokenizer(spec), max_length)
-        self.scorer: MaskedScorer = MaskedScorer.from_spec(spec)
+        self.scorer: MaskedScorer = MaskedScorer.from_spec(device_here(spec))
         self.stride = stride
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -138,7 +139,7 @@ class DocKL(DeferredStartup):
         if threads:
             torch.set_num_threads(threads)
         self.encoder = Encoder(load_tokenizer(spec_p), max_length)
-        self.scorer = KLScorer(load_model(spec_p), load_model(spec_q), max_length)
+        self.scorer = KLScorer(load_model(device_here(spec_p)), load_model(device_here(spec_q)), max_length)
         self.stride = stride
 
     def __call__(self, batch: pa.Table) -> pa.Table:

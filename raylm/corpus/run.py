@@ -24,7 +24,7 @@ import ray
 from tqdm import tqdm
 
 from raylm.cluster.failures import remote_traceback
-from raylm.cluster.runtime import connect, plan_actors
+from raylm.cluster.runtime import connect, local_cpus_needed, plan_actors
 from raylm.corpus.doc_scoring import PREFIX_SHARING_COLUMN, DocKL, DocPerplexity, DocPseudoPerplexity
 from raylm.corpus.read import DEFAULT_DOCS_PER_BATCH, FORMATS, read_corpus
 from raylm.errors import RaylmError, RemoteError
@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 # Batch sums are folded into one every this many batches, so the driver's state stays small on any corpus.
 COLLAPSE_PARTS = 1024
+READ_CPUS = 1.0  # kept free of CPU actors for Ray Data's read tasks
 # The first exception line of a remote traceback is the error the worker raised (Ray Data's own wrapping follows).
 _WORKER_ERROR = re.compile(r"^((?:\w+\.)*\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
 KL_PREFIX_SHARING = "unpacked (raylm kl scores each window in its own row)"
@@ -156,16 +157,19 @@ def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
     cfg = replace(cfg, model=pin_revision(cfg.model),
                   model_b=pin_revision(cfg.model_b) if cfg.model_b is not None else None)
     max_length, stride, scorer = resolve_lengths(cfg)
-    connect()
-    ds = read_corpus(cfg.data, cfg.fmt, cfg.text_column, cfg.limit_docs)
     # CPU actors leave one CPU to Ray Data's read tasks, or the stream would stall with every CPU held by an
     # actor waiting for input.
-    recipe, n = plan_actors(cfg.model, cfg.actors, None, reserve_cpus=1.0)
+    connect(min_cpus=local_cpus_needed(cfg.actors, READ_CPUS))
+    ds = read_corpus(cfg.data, cfg.fmt, cfg.text_column, cfg.limit_docs)
+    recipe, n = plan_actors(cfg.model, cfg.actors, None, reserve_cpus=READ_CPUS)
+    log.info("placement: %s", recipe.reason)
+    # The actors load onto the placement's device (recipe.spec); Q lives beside P.
     if cfg.model_b is None:
         fn = DocPseudoPerplexity if scorer == "mlm" else DocPerplexity
-        args = (cfg.model, max_length, stride, recipe.threads)
+        args = (recipe.spec, max_length, stride, recipe.threads)
     else:
-        fn, args = DocKL, (cfg.model, cfg.model_b, max_length, stride, recipe.threads)
+        model_b = replace(cfg.model_b, device=recipe.spec.device)
+        fn, args = DocKL, (recipe.spec, model_b, max_length, stride, recipe.threads)
     scored = ds.map_batches(fn, fn_constructor_args=args, batch_size=cfg.docs_per_batch, batch_format="pyarrow",
                             compute=ray.data.ActorPoolStrategy(size=n), num_cpus=recipe.num_cpus,
                             num_gpus=recipe.num_gpus)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -83,7 +82,7 @@ def _cpus_per_actor(sweep: Sweep, models: int) -> float | None:
         return sweep.num_cpus
     if all(wants_gpu(m.spec, sweep.num_gpus) for m in sweep.models):
         return None
-    return max(1.0, math.floor(cpu_share(models * sweep.actors_per_model)))
+    return float(cpu_share(models * sweep.actors_per_model))
 
 
 def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], out: Path, run: ModelRun,

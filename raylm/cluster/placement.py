@@ -1,0 +1,175 @@
+"""The one placement rule every command uses: from what a command asks and what the cluster has and can become
+(raylm.cluster.capacity), how many scoring actors, each asking Ray for what, and the one line that says why.
+
+- GPUs: asked for per actor (--num-gpus), by --device cuda, or by --device auto on a cluster that has GPUs or can
+  add nodes with them. The default count is one actor per GPU the cluster can grow to, capped at DEFAULT_MAX_ACTORS
+  (never fewer than fit on the nodes up now). A GPU actor reserves half a CPU, so a node with few CPUs per GPU
+  cannot deadlock.
+- CPUs: a CPU actor asks for whole CPUs, at least one, and runs that many torch threads: one actor gets what its
+  node has (less `reserve_cpus` left to other work), N actors the largest equal whole share with which all fit.
+- What cannot work stops the run at once, in one line: GPUs on a cluster that has and can add none, more actors
+  than the cluster can ever hold, `cuda:N` (Ray gives each actor its own GPUs, which it sees as cuda:0..), and a
+  cluster whose live nodes hold nothing while what it can add is unknown (a guess would place every actor wrongly).
+Where the autoscaler's node types are unknown, actors that do not fit yet are waited for (runtime.LaunchedActors),
+as an autoscaler may add their nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from raylm.cluster.capacity import (NODE_TYPES_ENV, Capacity, actors_that_fit, actors_that_fit_grown, grown_cpus)
+from raylm.errors import RaylmError
+
+GPU_ACTOR_CPUS = 0.5
+DEFAULT_MAX_ACTORS = 16  # default actors on a cluster that can grow: each loads the model; --actors for more
+HINT = f"set {NODE_TYPES_ENV} to the node types it may add (docs/cluster.md)"
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a command asks for: the model's --device, and per-actor resources and an actor count if given."""
+
+    device: str = "auto"
+    num_gpus: float | None = None
+    num_cpus: float | None = None
+    actors: int | None = None
+    reserve_cpus: float = 0.0  # CPUs CPU actors leave free for other work (Ray Data's read tasks)
+
+
+@dataclass(frozen=True)
+class Placement:
+    actors: int
+    num_cpus: float
+    num_gpus: float
+    threads: int
+    device: str  # what the actors load the model onto: "cuda" or "cpu"
+    reason: str  # the one log line: what was asked for, and why
+    awaits_nodes: bool = False  # some actors fit only on nodes the autoscaler has yet to add
+
+    @property
+    def gpu(self) -> bool:
+        return self.device == "cuda"
+
+
+def plan(ask: Ask, capacity: Capacity) -> Placement:
+    gpu, why = uses_gpu(ask, capacity)
+    return _plan_gpu(ask, capacity, why) if gpu else _plan_cpu(ask, capacity, why)
+
+
+def check_ask(ask: Ask) -> None:
+    """Requests no cluster can satisfy as meant, refused before anything starts."""
+    if ask.device.startswith("cuda:"):
+        raise RaylmError(f"--device {ask.device} names one GPU of one machine, but Ray gives each actor its own GPUs "
+                         "(it sees them as cuda:0, cuda:1, ...): use --device cuda, and CUDA_VISIBLE_DEVICES to choose "
+                         "a machine's GPUs for a local run")
+    if ask.actors is not None and ask.actors < 1:
+        raise RaylmError(f"--actors must be at least 1, got {ask.actors}")
+    if ask.num_gpus is not None and ask.device != "auto" and (ask.num_gpus > 0) != (ask.device == "cuda"):
+        raise RaylmError(f"--device {ask.device} contradicts --num-gpus {ask.num_gpus:g}")
+
+
+def uses_gpu(ask: Ask, capacity: Capacity) -> tuple[bool, str]:
+    """Whether the actors score on GPUs, and the reason in words."""
+    check_ask(ask)
+    if ask.num_gpus is not None:
+        return ask.num_gpus > 0, f"--num-gpus {ask.num_gpus:g}"
+    if ask.device != "auto":
+        return ask.device == "cuda", f"--device {ask.device}"
+    if capacity.live_total("GPU") > 0:
+        return True, f"--device auto: {capacity.live_total('GPU'):g} GPU(s) up now{_growth(capacity, 'GPU')}"
+    if capacity.addable_with("GPU"):
+        return True, f"--device auto: no GPU up yet{_growth(capacity, 'GPU')}"
+    if capacity.addable is None:
+        if not any(r.get("CPU", 0) >= 1 for r in capacity.live):
+            raise RaylmError("no node of this cluster has a GPU or a whole CPU for a scoring actor, and raylm cannot "
+                             f"tell which nodes its autoscaler may add: {HINT}, or pass --device cuda")
+        return False, (f"--device auto: no GPU up now, and the nodes an autoscaler may add are unknown "
+                       f"({NODE_TYPES_ENV} unset)")
+    return False, "--device auto: no GPU up now and none the cluster can add"
+
+
+def _growth(capacity: Capacity, resource: str) -> str:
+    types = capacity.addable_with(resource)
+    if not types:
+        return ""
+    return f"; the autoscaler may add {', '.join(t.name for t in types)} nodes (from {capacity.source})"
+
+
+def _plan_gpu(ask: Ask, capacity: Capacity, why: str) -> Placement:
+    num_gpus = ask.num_gpus if ask.num_gpus is not None else 1.0
+    cpus = ask.num_cpus if ask.num_cpus is not None else GPU_ACTOR_CPUS
+    now = actors_that_fit(capacity.live, cpus, num_gpus)
+    known = capacity.addable is not None
+    per = "GPU" if num_gpus == 1 else f"{num_gpus:g} GPUs"
+    most = actors_that_fit_grown(capacity, cpus, num_gpus) if known else now
+    if known and most == 0:
+        raise RaylmError(f"{why}: no node has {num_gpus:g} GPU(s) and {cpus:g} CPU for a scoring actor, now or once "
+                         f"the autoscaler adds nodes ({_describe(capacity)})")
+    if ask.actors is not None:
+        n, count = ask.actors, f"--actors {ask.actors}"
+        if known and n > most:
+            raise RaylmError(f"--actors {n} of {num_gpus:g} GPU each: this cluster holds at most {most} at once "
+                             f"({_describe(capacity)})")
+    elif most > now:
+        n = max(now, min(most, DEFAULT_MAX_ACTORS))
+        count = f"one per {per} the cluster can grow to ({most}" + (
+            f", capped at {DEFAULT_MAX_ACTORS}; --actors for more)" if most > DEFAULT_MAX_ACTORS else ")")
+    else:
+        n = max(1, now)
+        count = f"one per {per} up now ({now})" if now else "one; no GPU is up yet"
+    return Placement(n, cpus, num_gpus, max(1, int(cpus)), "cuda",
+                     f"{n} actor{'s' if n != 1 else ''} x {num_gpus:g} GPU ({cpus:g} CPU each): {count}; {why}",
+                     awaits_nodes=n > now)
+
+
+def _plan_cpu(ask: Ask, capacity: Capacity, why: str) -> Placement:
+    n = ask.actors if ask.actors is not None else 1
+    grown = False
+    if ask.num_cpus is not None:
+        cpus, how = ask.num_cpus, "CPUs per actor as asked"
+    else:
+        share = whole_cpu_share([r.get("CPU", 0.0) for r in capacity.live], n, ask.reserve_cpus)
+        how = "the nodes up now"
+        if share is None and capacity.addable:
+            share = whole_cpu_share(grown_cpus(capacity, n), n, ask.reserve_cpus)
+            grown = share is not None
+            how = f"the nodes the autoscaler may add{_growth(capacity, 'CPU')}"
+        if share is None:
+            reserve = f" (and {ask.reserve_cpus:g} left to reading)" if ask.reserve_cpus else ""
+            if capacity.addable is None:
+                raise RaylmError(f"{n} CPU actor(s) of a whole CPU each{reserve} do not fit the nodes up now "
+                                 f"({_describe(capacity)}), and raylm cannot tell which nodes the autoscaler may add: "
+                                 f"{HINT}, or use fewer --actors")
+            raise RaylmError(f"{n} CPU actor(s) of a whole CPU each{reserve} do not fit this cluster "
+                             f"({_describe(capacity)}): use fewer --actors")
+        cpus = float(share)
+    threads = max(1, int(cpus))
+    return Placement(n, cpus, 0.0, threads, "cpu",
+                     f"{n} actor{'s' if n != 1 else ''} x {cpus:g} CPU ({threads} torch thread"
+                     f"{'s' if threads != 1 else ''} each), sized to {how}; {why}", awaits_nodes=grown)
+
+
+def whole_cpu_share(node_cpus: list[float], actors: int, reserve: float = 0.0) -> int | None:
+    """The most whole CPUs each of `actors` actors can have with all of them placed at once, one node each and
+    `reserve` CPUs kept free on the largest node; None if not even one CPU each fits."""
+    free = sorted((c for c in node_cpus if c > 0), reverse=True)
+    if free:
+        free[0] = max(0.0, free[0] - reserve)
+    best = None
+    for share in range(1, int(max(free, default=0)) + 1):
+        if sum(math.floor(c / share + 1e-9) for c in free) >= actors:
+            best = share
+    return best
+
+
+def _describe(capacity: Capacity) -> str:
+    nodes = ", ".join(f"{r.get('CPU', 0):g} CPU/{r.get('GPU', 0):g} GPU" for r in capacity.live) or "none"
+    grow = f"; may add {_describe_types(capacity)}" if capacity.addable else ""
+    return f"nodes up: {nodes}{grow}"
+
+
+def _describe_types(capacity: Capacity) -> str:
+    return ", ".join(f"{t.name} x{t.max_count} of {t.resources.get('CPU', 0):g} CPU/{t.resources.get('GPU', 0):g} GPU"
+                     for t in capacity.addable or ()) or "no worker types"
