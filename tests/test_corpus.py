@@ -209,7 +209,10 @@ def test_cli_ppl_on_two_actors_matches_one_and_kl_refuses_mismatched_tokenizers(
     assert {k: ppl[k] for k in COUNTS} == {k: expected.metrics[k] for k in COUNTS}
     assert results["config"]["stride"] == results["config"]["max_length"] == 64
     docs = pq.read_table(out / "samples" / "ppl.parquet")
-    assert docs["nll"].to_pylist() == pytest.approx(expected_docs["nll"].to_pylist(), rel=1e-8)
+    # Two 1-thread actors with 3-document batches run other float32 kernel shapes than one in-process scorer: a
+    # document's NLL (a float64 sum of float32 token log-probs) moves by float32 rounding, 1.2e-8 relative on this
+    # machine's oneDNN (1.4e-6 nats of 124). 1e-6 is float32 tolerance for such a sum; a wrong token would be ~1.
+    assert docs["nll"].to_pylist() == pytest.approx(expected_docs["nll"].to_pylist(), rel=1e-6)
     assert is_raylm_parquet(out / "samples" / "ppl.parquet")  # what --overwrite checks before deleting it
     assert "token_perplexity" in proc.stdout
     proc = run_cli("kl", "--model", str(tiny_llama), "--model-b", str(tiny_gpt2), "--data", data,
