@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=_seeds, default=DEFAULT_SEEDS,
                     help="lm-eval's --seed: S for all of random,numpy,torch,fewshot, or four values "
                          f"(default {','.join(map(str, DEFAULT_SEEDS))})")
+    ev.add_argument("--decontaminate", type=Path, metavar="DIR",
+                    help="a `raylm contamination` output: every metric again on the clean documents alone, as "
+                         "<metric>_decontaminate (lm-eval's name)")
     ev.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_REQUESTS, help="requests per shard")
     ev.add_argument("--no-progress", action="store_true")
     quant = ev.add_mutually_exclusive_group()
@@ -116,7 +119,8 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
     return EvalConfig(spec, tasks, data_dir, args.limit, args.num_fewshot, fewshot_seed, args.batch_size, args.actors,
                       args.shard_size, not args.no_progress, args.output, args.overwrite, args.num_gpus,
                       include_path=args.include_path, bootstrap_iters=args.bootstrap_iters, random_seed=random_seed,
-                      numpy_seed=numpy_seed, torch_seed=torch_seed, log_samples=args.log_samples)
+                      numpy_seed=numpy_seed, torch_seed=torch_seed, log_samples=args.log_samples,
+                      decontaminate=args.decontaminate)
 
 
 def run_eval(args: argparse.Namespace) -> int:
