@@ -27,6 +27,7 @@ from raylm.tasks.lmeval.build import LMEVAL_LOCK, Built, cached_templates
 # request's is its document's summed log-probability over all windows (HFLM returns a bare float for it).
 Score = tuple[float, bool] | float
 ScoreKey = tuple[str, int, int]  # (task, doc_id, idx)
+_NOT_METRICS = ("name", "alias", "sample_len", "sample_count")  # the entries of a task's or group's results
 
 
 def task_scores(task: str, output_type: str, requests: pa.Table, scored: pa.Table) -> dict[ScoreKey, Score]:
@@ -155,8 +156,11 @@ def _add_decontaminated(out: dict[str, Any], clean: dict[str, Any]) -> None:
     directions beside them, and each task's clean count in n-samples."""
     for section in ("results", "groups"):
         for name, metrics in clean.get(section, {}).items():
-            renamed = {decontaminated_key(k): v for k, v in metrics.items() if k not in ("name", "alias", "sample_len")}
+            renamed = {decontaminated_key(k): v for k, v in metrics.items() if k not in _NOT_METRICS}
             out[section][name].update(renamed)
+            if "sample_count" in metrics:  # a group's documents per metric
+                out[section][name].setdefault("sample_count", {}).update(
+                    {decontaminated_key(k): v for k, v in metrics["sample_count"].items()})
             if renamed and name in out["higher_is_better"]:
                 out["higher_is_better"][name].update({f"{m}{SUFFIX}": h for m, h in
                                                       list(out["higher_is_better"][name].items())
