@@ -54,6 +54,9 @@ def test_each_word_starts_where_the_text_has_it():
             assert normalize(raw) == word, (text, start)
 
 
+SPACES = [" ", "  ", "\n", "\t", " \x1c ", "\x85", "\u00a0", "\u2003", "\u2028", "\u3000", " -- "]
+
+
 def test_candidates_are_exactly_the_windows_a_set_lookup_finds():
     """The hashed, vectorised search over a batch against the plain way: every corpus n-gram looked up in the set
     of task n-grams (a few task words shared by chance make many windows candidates without any match)."""
@@ -69,8 +72,8 @@ def test_candidates_are_exactly_the_windows_a_set_lookup_finds():
         if rng.random() < 0.5:
             source = rng.choice(task_texts).split()
             k = rng.randint(0, max(0, len(source) - 4))
-            parts.append("\n".join(source[k:k + rng.randint(3, 8)]).upper())
-        corpus.append("  ".join(parts))
+            parts.append(rng.choice(SPACES).join(source[k:k + rng.randint(3, 8)]).upper())
+        corpus.append(rng.choice(SPACES).join(parts))
     found = [(c.doc, c.word, c.ngram) for c in index.filter.candidates(corpus) if index.owners(c.ngram)]
     expected = [(d, k, g) for d, text in enumerate(corpus) for k, g in enumerate(ngrams(words(text), 4))
                 if g in task_grams]
