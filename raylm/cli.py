@@ -295,10 +295,11 @@ def add_membership_command(sub: argparse._SubParsersAction) -> None:
 def run_membership_command(args: argparse.Namespace) -> int:
     from raylm.contamination.membership_run import MembershipConfig, format_table, run_membership
 
-    spec = ModelSpec(args.model, args.dtype, args.device, args.revision, args.trust_remote_code)
+    spec = ModelSpec(args.model, args.dtype, args.device, args.revision, args.trust_remote_code,
+                     max_length=args.max_length)
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
-    cfg = MembershipConfig(spec, tasks, args.k, args.max_length, args.data_dir, args.include_path, args.limit,
-                           args.actors, args.docs_per_batch, not args.no_progress)
+    cfg = MembershipConfig(spec, tasks, args.k, args.data_dir, args.include_path, args.limit, args.actors,
+                           args.docs_per_batch, not args.no_progress)
     cfg.validate()
     prepare_output(args.output)
     report = run_membership(cfg, args.output)

@@ -38,7 +38,7 @@ from raylm.evaluate import evaluate
 from raylm.results.contamination import CleanSets, query_digest
 from raylm.results.lmeval import results
 from raylm.results.report import results_dict
-from raylm.scoring.models import ModelSpec
+from raylm.models.spec import ModelSpec
 from raylm.tasks.lmeval.build import load_and_build
 from raylm.tasks.lmeval.names import select
 

@@ -16,7 +16,8 @@ import torch
 from conftest import DATA, run_cli
 from raylm.contamination.membership import min_k_prob, zlib_ratio
 from raylm.contamination.membership_run import DocMembership
-from raylm.scoring.models import ModelSpec, load_model, load_tokenizer
+from raylm.models.loading import load_model, load_tokenizer
+from raylm.models.spec import ModelSpec
 from raylm.scoring.scorer import Scorer
 from raylm.tasks.queries import native_queries
 from reference import float64_copy

@@ -26,17 +26,17 @@ import ray
 from tqdm import tqdm
 
 from raylm.cluster.failures import DeferredStartup, data_worker_error
-from raylm.cluster.runtime import connect, plan_actors
+from raylm.cluster.runtime import connect, local_cpus_needed, plan_actors
 from raylm.contamination.documents import load_scan_tasks
 from raylm.contamination.membership import DEFAULT_K, check_k, min_k_prob, zlib_ratio
 from raylm.corpus.doc_scoring import window_documents
 from raylm.corpus.run import model_max_length
 from raylm.errors import RaylmError
+from raylm.models.identity import pin_revision, scored_commit
+from raylm.models.spec import ModelSpec
 from raylm.results.atomic import write_atomic
-from raylm.results.model_identity import pin_revision, scored_commit
 from raylm.results.ownership import is_raylm_parquet, results_kind, tagged
 from raylm.results.report import run_config
-from raylm.scoring.models import ModelSpec
 
 MEMBERSHIP_JSON = "membership.json"
 MEMBERSHIP_PARQUET = "membership.parquet"
@@ -48,7 +48,6 @@ class MembershipConfig:
     model: ModelSpec
     tasks: tuple[str, ...]
     k: float = DEFAULT_K
-    max_length: int | None = None
     data_dir: Path | None = None
     include_path: Path | None = None
     limit: int | None = None
@@ -65,8 +64,8 @@ class MembershipConfig:
             raise RaylmError(str(e)) from e
         if self.include_path is not None and not self.include_path.is_dir():
             raise RaylmError(f"--include-path '{self.include_path}' is not a directory")
-        for name, value in (("--max-length", self.max_length), ("--limit", self.limit), ("--actors", self.actors),
-                            ("--docs-per-batch", self.docs_per_batch)):
+        for name, value in (("--max-length", self.model.max_length), ("--limit", self.limit),
+                            ("--actors", self.actors), ("--docs-per-batch", self.docs_per_batch)):
             if value is not None and value < 1:
                 raise RaylmError(f"{name} must be at least 1, got {value}")
         self.model.validate()
@@ -79,7 +78,7 @@ class DocMembership(DeferredStartup):
         import torch
 
         from raylm.requests.encoding import Encoder
-        from raylm.scoring.models import load_model, load_tokenizer
+        from raylm.models.loading import load_model, load_tokenizer
         from raylm.scoring.scorer import Scorer
 
         if threads:
@@ -123,13 +122,10 @@ def run_membership(cfg: MembershipConfig, out_dir: Path) -> dict[str, Any]:
     start = time.time()
     asked = cfg
     cfg = replace(cfg, model=pin_revision(cfg.model))
-    _, limit, scorer = model_max_length(cfg.model)
+    _, max_length, scorer = model_max_length(cfg.model)  # the model's context, or --max-length
     if scorer == "mlm":
         raise RaylmError(f"'{cfg.model.path}' is a masked LM; Min-K% Prob and the zlib ratio need a causal LM's "
                          "next-token log-probabilities")
-    max_length = cfg.max_length or limit
-    if max_length > limit:
-        raise RaylmError(f"--max-length {max_length} exceeds the model's context length {limit}")
     tasks = load_scan_tasks(cfg.tasks, cfg.data_dir, cfg.include_path, cfg.limit)
     table = pa.table({
         "task": pa.array([t.name for t in tasks.tasks.values() for _ in t.queries], pa.string()),
@@ -137,7 +133,7 @@ def run_membership(cfg: MembershipConfig, out_dir: Path) -> dict[str, Any]:
         "text": pa.array([q for t in tasks.tasks.values() for _, q in t.queries], pa.string()),
     })
     table = table.append_column("path", table["task"])  # what a bad document's error names
-    connect()
+    connect(min_cpus=local_cpus_needed(cfg.actors))
     recipe, n = plan_actors(cfg.model, cfg.actors, None)
     ds = ray.data.from_arrow(table)
     ds.context.execution_options.preserve_order = True

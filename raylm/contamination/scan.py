@@ -25,7 +25,7 @@ import ray
 from tqdm import tqdm
 
 from raylm.cluster.failures import data_worker_error
-from raylm.cluster.runtime import connect, cpu_share, node_resources
+from raylm.cluster.runtime import connect, local_cpus_needed, node_resources
 from raylm.contamination.documents import ScanTasks, load_scan_tasks
 from raylm.contamination import DEFAULT_DOCS_PER_BATCH, DEFAULT_NGRAM
 from raylm.contamination.ngrams import NgramFilter, NgramIndex, TaskDocument, words
@@ -34,6 +34,7 @@ from raylm.errors import RaylmError
 from raylm.results.ownership import tagged_schema
 
 MATCHES = "matches.parquet"
+READ_CPUS = 1.0  # kept free of scanning actors for Ray Data's read tasks
 MATCH_SCHEMA = pa.schema([("task", pa.string()), ("doc_id", pa.int64()), ("file", pa.string()), ("row", pa.int64()),
                           ("ngram", pa.string()), ("offset", pa.int64())])
 _FLUSH_ROWS = 8192
@@ -122,8 +123,20 @@ def build_index(tasks: ScanTasks, n: int) -> NgramIndex:
 
 
 def default_actors() -> int:
-    """All the cluster's CPUs but one, which Ray Data's read tasks keep."""
-    return max(1, int(sum(r.get("CPU", 0.0) for r in node_resources())) - 1)
+    """All the cluster's CPUs but the one Ray Data's read tasks keep."""
+    return max(1, int(_cluster_cpus() - READ_CPUS))
+
+
+def actor_cpus(actors: int) -> float:
+    """A scanning actor is one Python thread: a whole CPU where the cluster has one for each actor beside the read
+    tasks' (a local Ray is started with that many), else an equal share of what the read tasks leave, so that the
+    stream never waits with every CPU held by an actor that waits for input."""
+    share = (_cluster_cpus() - READ_CPUS) / actors
+    return 1.0 if share >= 1 else max(0.01, round(share, 2))
+
+
+def _cluster_cpus() -> float:
+    return sum(r.get("CPU", 0.0) for r in node_resources())
 
 
 def run_scan(cfg: ScanConfig, out_dir: Path, on_batch: Callable[[int], None] | None = None) -> ScanResult:
@@ -135,13 +148,13 @@ def run_scan(cfg: ScanConfig, out_dir: Path, on_batch: Callable[[int], None] | N
     start = time.time()
     tasks = load_scan_tasks(cfg.tasks, cfg.data_dir, cfg.include_path, cfg.limit)
     index = build_index(tasks, cfg.ngram)
-    connect()
+    connect(min_cpus=local_cpus_needed(cfg.actors, READ_CPUS))
     ds = read_corpus(list(cfg.corpus), cfg.fmt, cfg.text_column, cfg.limit_docs, keep_empty_lines=True)
     n = cfg.actors or default_actors()
     filter_ref = ray.put(index.filter)
     scanned = ds.map_batches(NgramScan, fn_constructor_args=([filter_ref],), batch_size=cfg.docs_per_batch,
                              batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=n),
-                             num_cpus=cpu_share(n, reserve=1.0))
+                             num_cpus=actor_cpus(n))
     result = ScanResult(cfg, tasks, index, defaultdict(set), actors=n)
     _stream(scanned, result, out_dir / MATCHES, on_batch)
     result.wall_s = time.time() - start
