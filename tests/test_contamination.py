@@ -468,3 +468,17 @@ def test_eval_decontaminate_end_to_end(ray_session, tiny_llama, local_tasks, gol
         ("winogrande",), DATA, None, 1).tasks["winogrande"].queries))]) == (set() if 0 in dirty["winogrande"]
                                                                            else {0})
     assert query_digest("x") == query_digest("x") != query_digest("y")
+
+
+def test_a_sweep_file_takes_a_scan_for_every_point(tmp_path):
+    from raylm.sweep.config import load_sweep
+
+    (tmp_path / "scan").mkdir()
+    (tmp_path / "scan" / "contamination.json").write_text("{}")
+    (tmp_path / "sweep.yaml").write_text("models: [raylm:demo]\ntasks: [winogrande]\ndecontaminate: scan\n"
+                                         "settings: {limit: [5, 10]}\n")
+    sweep = load_sweep(tmp_path / "sweep.yaml")
+    assert {sweep.config(m, p).decontaminate for m in sweep.models for p in sweep.points} == {tmp_path / "scan"}
+    (tmp_path / "bad.yaml").write_text("models: [raylm:demo]\ntasks: [winogrande]\ndecontaminate: nowhere\n")
+    with pytest.raises(RaylmError, match=r"bad\.yaml.*line 3.*decontaminate.*nowhere' does not exist"):
+        load_sweep(tmp_path / "bad.yaml")

@@ -163,3 +163,17 @@ def test_tasks_without_a_query_are_searched_for_their_own_text(golden_tasks):
     assert [q for _, q in document_queries("winogrande_local", tasks["winogrande_local"], 50)] == filled
     assert query_rule(tasks["winogrande_local"]).startswith("gold choice + target delimiter + doc_to_target")
     assert query_rule(tasks["wikitext_local"]).startswith("doc_to_target (rolling loglikelihood")
+
+
+@pytest.mark.parametrize("command", ["contamination", "membership"])
+def test_the_docs_reference_lists_exactly_the_options_each_command_accepts(command):
+    import re
+    from pathlib import Path
+
+    from raylm.cli import build_parser
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "contamination.md").read_text().split("## Reference")[1]
+    block = re.search(rf"^raylm {command} .*?(?=^raylm |^```)", docs, re.MULTILINE | re.DOTALL).group(0)
+    parser = build_parser()._subparsers._group_actions[0].choices[command]
+    accepted = {o for action in parser._actions for o in action.option_strings if o.startswith("--")}
+    assert set(re.findall(r"--[a-z0-9][a-z0-9-]*", block)) == accepted - {"--help"}
