@@ -340,7 +340,8 @@ class ReplayLM(LM):
 def assert_decontaminated_are_lm_evals(ours: dict, theirs: dict, names) -> None:
     for name in names:
         section = "groups" if name in theirs.get("groups", {}) else "results"
-        expected = {k: v for k, v in theirs[section][name].items() if k not in ("name", "alias", "sample_len", "sample_count")}
+        expected = {k: v for k, v in theirs[section][name].items()
+                    if k not in ("name", "alias", "sample_len", "sample_count")}
         assert expected
         for key, count in theirs[section][name].get("sample_count", {}).items():
             metric, _, filter_key = key.partition(",")

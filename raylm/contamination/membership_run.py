@@ -22,7 +22,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import ray
 from tqdm import tqdm
 
 from raylm.cluster.failures import DeferredStartup, data_worker_error
@@ -188,7 +187,8 @@ def format_table(report: dict[str, Any]) -> str:
              f"|{'-' * 30}|{'-' * 10}:|{'-' * 10}:|{'-' * 14}:|{'-' * 9}:|{'-' * 16}:|{'-' * 9}:|"]
     for name, s in report["tasks"].items():
         lines.append(f"| {name:<28} | {s['documents']:>9} | {s['tokens']:>9} | {s['min_k_prob_mean']:>13.4f} | "
-                     f"{s['min_k_prob_median']:>8.4f} | {s['zlib_ratio_mean']:>15.6f} | {s['zlib_ratio_median']:>8.6f} |")
+                     f"{s['min_k_prob_median']:>8.4f} | {s['zlib_ratio_mean']:>15.6f} | "
+                     f"{s['zlib_ratio_median']:>8.6f} |")
     lines.append(f"Min-{k}% Prob: mean of the lowest {k}% token log-probs (higher: more member-like); zlib ratio: "
                  "mean NLL / zlib bytes (lower: more member-like). Weak, model-side evidence; overlap with the "
                  "corpus (`raylm contamination`) is the evidence.")

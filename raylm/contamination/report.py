@@ -90,7 +90,7 @@ def contamination_dict(result: ScanResult) -> dict[str, Any]:
                    "data_dir": str(cfg.data_dir) if cfg.data_dir else None,
                    "include_path": str(cfg.include_path) if cfg.include_path else None, "limit": cfg.limit,
                    "limit_docs": cfg.limit_docs, "actors": result.actors, "docs_per_batch": cfg.docs_per_batch,
-                   "wall_time_s": result.wall_s, "versions": versions},
+                   "wall_time_s": result.wall_s, "stream_time_s": result.stream_s, "versions": versions},
     }
 
 

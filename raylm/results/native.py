@@ -54,7 +54,8 @@ def task_entry(task: TaskResult, bootstrap_iters: int) -> dict[str, Any]:
         for metric in mirror.higher_is_better:
             entry[f"{metric}{suffix},none"] = metrics[f"{metric}{suffix},none"]
             stderr = metrics.get(f"{metric}{suffix}_stderr,none")
-            has_stderr = mirror.stderr and bootstrap_iters > 0 and n > 1 and stderr is not None and math.isfinite(stderr)
+            has_stderr = (mirror.stderr and bootstrap_iters > 0 and n > 1 and stderr is not None
+                          and math.isfinite(stderr))
             entry[f"{metric}{suffix}_stderr,none"] = stderr if has_stderr else NOT_AVAILABLE
     return entry
 
