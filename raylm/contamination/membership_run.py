@@ -182,11 +182,12 @@ def task_summary(rows: pa.Table, task: str) -> dict[str, Any]:
 
 def format_table(report: dict[str, Any]) -> str:
     k = f"{report['k']:g}"
-    lines = [f"| {'task':<28} | {'documents':>9} | {'tokens':>9} | {f'Min-{k}% mean':>13} | {'median':>8} | "
+    w = max([len("task"), *map(len, report["tasks"])])
+    lines = [f"| {'task':<{w}} | {'documents':>9} | {'tokens':>9} | {f'Min-{k}% mean':>13} | {'median':>8} | "
              f"{'zlib ratio mean':>15} | {'median':>8} |",
-             f"|{'-' * 30}|{'-' * 10}:|{'-' * 10}:|{'-' * 14}:|{'-' * 9}:|{'-' * 16}:|{'-' * 9}:|"]
+             f"|{'-' * (w + 2)}|{'-' * 10}:|{'-' * 10}:|{'-' * 14}:|{'-' * 9}:|{'-' * 16}:|{'-' * 9}:|"]
     for name, s in report["tasks"].items():
-        lines.append(f"| {name:<28} | {s['documents']:>9} | {s['tokens']:>9} | {s['min_k_prob_mean']:>13.4f} | "
+        lines.append(f"| {name:<{w}} | {s['documents']:>9} | {s['tokens']:>9} | {s['min_k_prob_mean']:>13.4f} | "
                      f"{s['min_k_prob_median']:>8.4f} | {s['zlib_ratio_mean']:>15.6f} | "
                      f"{s['zlib_ratio_median']:>8.6f} |")
     lines.append(f"Min-{k}% Prob: mean of the lowest {k}% token log-probs (higher: more member-like); zlib ratio: "

@@ -113,10 +113,12 @@ def rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 def format_table(report: dict[str, Any]) -> str:
     n = report["ngram"]
-    lines = [f"| {'task':<34} | {'documents':>9} | {'dirty':>7} | {'fraction dirty':>14} | {f'< {n} words':>11} |",
-             f"|{'-' * 36}|{'-' * 10}:|{'-' * 8}:|{'-' * 15}:|{'-' * 12}:|"]
-    for label, s in rows(report):
-        lines.append(f"| {label:<34} | {s['documents']:>9} | {s['dirty']:>7} | {s['fraction_dirty']:>14.4f} | "
+    entries = rows(report)
+    w = max([len("task"), *(len(label) for label, _ in entries)])
+    lines = [f"| {'task':<{w}} | {'documents':>9} | {'dirty':>7} | {'fraction dirty':>14} | {f'< {n} words':>11} |",
+             f"|{'-' * (w + 2)}|{'-' * 10}:|{'-' * 8}:|{'-' * 15}:|{'-' * 12}:|"]
+    for label, s in entries:
+        lines.append(f"| {label:<{w}} | {s['documents']:>9} | {s['dirty']:>7} | {s['fraction_dirty']:>14.4f} | "
                      f"{s['too_short']:>11} |")
     corpus = report["corpus"]
     lines.append(f"{n}-grams; corpus: {corpus['rows']} rows, {corpus['bytes'] / 2**20:.1f} MiB in {corpus['files']} "
