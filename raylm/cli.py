@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=_seeds, default=DEFAULT_SEEDS,
                     help="lm-eval's --seed: S for all of random,numpy,torch,fewshot, or four values "
                          f"(default {','.join(map(str, DEFAULT_SEEDS))})")
+    ev.add_argument("--decontaminate", type=Path, metavar="DIR",
+                    help="a `raylm contamination` output: every metric again on the clean documents alone, as "
+                         "<metric>_decontaminate (lm-eval's name)")
     ev.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_REQUESTS, help="requests per shard")
     ev.add_argument("--no-progress", action="store_true")
     quant = ev.add_mutually_exclusive_group()
@@ -90,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.set_defaults(run=run_sweep_file)
     add_corpus_commands(sub)
     add_probe_command(sub)
+    add_contamination_command(sub)
+    add_membership_command(sub)
     return parser
 
 
@@ -115,7 +120,8 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
     return EvalConfig(spec, tasks, data_dir, args.limit, args.num_fewshot, fewshot_seed, args.batch_size, args.actors,
                       args.shard_size, not args.no_progress, args.output, args.overwrite, args.num_gpus,
                       include_path=args.include_path, bootstrap_iters=args.bootstrap_iters, random_seed=random_seed,
-                      numpy_seed=numpy_seed, torch_seed=torch_seed, log_samples=args.log_samples)
+                      numpy_seed=numpy_seed, torch_seed=torch_seed, log_samples=args.log_samples,
+                      decontaminate=args.decontaminate)
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -216,6 +222,93 @@ def run_probe_command(args: argparse.Namespace) -> int:
     return 0
 
 # --- end raylm probe ---
+
+# --- raylm contamination: task n-grams against a streamed training corpus (raylm.contamination) ---
+
+def add_contamination_command(sub: argparse._SubParsersAction) -> None:
+    from raylm.contamination import DEFAULT_DOCS_PER_BATCH, DEFAULT_NGRAM
+
+    scan = sub.add_parser("contamination", help="which task documents a training corpus holds (lm-eval's 13-gram "
+                                                "overlap), streamed over Ray Data")
+    scan.add_argument("--tasks", required=True, help="comma-separated, as for `raylm eval`: native or any lm-eval "
+                                                     "task, group, tag or pattern")
+    scan.add_argument("--corpus", required=True, nargs="+", help="files, directories or globs of one format; local "
+                                                                 "or any pyarrow filesystem URI (s3://...)")
+    scan.add_argument("--format", dest="fmt", default="auto", choices=list(CORPUS_FORMATS),
+                      help="auto: from the file extension; txt is one document per line")
+    scan.add_argument("--text-column", default="text", help="column holding the documents (Parquet, JSONL)")
+    scan.add_argument("--ngram", type=int, default=DEFAULT_NGRAM, help="words per n-gram (lm-eval's 13)")
+    scan.add_argument("--include-path", type=Path, help="directory of your own lm-eval task YAMLs (lm-eval's flag)")
+    scan.add_argument("--data-dir", type=Path, help="native tasks' local data, as for `raylm eval`")
+    scan.add_argument("--limit", type=int, help="first N documents of each task")
+    scan.add_argument("--limit-docs", type=int, help="first N corpus documents only")
+    scan.add_argument("--actors", type=int, help="scanning actors (default: all CPUs but one)")
+    scan.add_argument("--docs-per-batch", type=int, default=DEFAULT_DOCS_PER_BATCH)
+    scan.add_argument("--output", type=Path, default=Path("raylm-out") / "contamination",
+                      help="directory for contamination.json, matches.parquet and contamination.png")
+    scan.add_argument("--no-progress", action="store_true")
+    scan.set_defaults(run=run_contamination_command)
+
+
+def run_contamination_command(args: argparse.Namespace) -> int:
+    from raylm.contamination.report import check_output, format_table, write_report
+    from raylm.contamination.scan import ScanConfig, run_scan
+
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    cfg = ScanConfig(tasks, tuple(args.corpus), args.fmt, args.text_column, args.ngram, args.data_dir,
+                     args.include_path, args.limit, args.limit_docs, args.actors, args.docs_per_batch,
+                     not args.no_progress)
+    cfg.validate()
+    prepare_output(args.output)
+    check_output(args.output)
+    report = write_report(run_scan(cfg, args.output), args.output)
+    print(format_table(report))
+    print(f"wall time {report['config']['wall_time_s']:.1f} s; contamination.json, matches.parquet and "
+          f"contamination.png written to {args.output}")
+    return 0
+
+
+def add_membership_command(sub: argparse._SubParsersAction) -> None:
+    member = sub.add_parser("membership", help="per-document Min-K%% Prob and zlib ratio of task documents under a "
+                                               "model: weak, model-side evidence of training on them (no corpus)")
+    member.add_argument("--model", required=True, help="hub id or local directory of a causal LM")
+    member.add_argument("--tasks", required=True, help="comma-separated, as for `raylm eval` (rolling or choice "
+                                                       "tasks); each document's decontamination query is scored")
+    member.add_argument("--k", type=float, default=20.0, help="Min-K%% Prob's k, in percent of the tokens")
+    member.add_argument("--max-length", type=int, help="tokens per rolling window (default and upper bound: the "
+                                                       "model's context)")
+    member.add_argument("--include-path", type=Path, help="directory of your own lm-eval task YAMLs")
+    member.add_argument("--data-dir", type=Path, help="native tasks' local data, as for `raylm eval`")
+    member.add_argument("--limit", type=int, help="first N documents of each task")
+    member.add_argument("--actors", type=int, help="model actors (default: one per GPU, or one on CPU)")
+    member.add_argument("--docs-per-batch", type=int, default=16)
+    member.add_argument("--dtype", default="auto", choices=list(DTYPES))
+    member.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    member.add_argument("--revision", help="model revision on the hub")
+    member.add_argument("--trust-remote-code", action="store_true", help="run code shipped with the model")
+    member.add_argument("--output", type=Path, default=Path("raylm-out") / "membership",
+                        help="directory for membership.json and membership.parquet")
+    member.add_argument("--no-progress", action="store_true")
+    member.set_defaults(run=run_membership_command)
+
+
+def run_membership_command(args: argparse.Namespace) -> int:
+    from raylm.contamination.membership_run import MembershipConfig, format_table, run_membership
+
+    spec = ModelSpec(args.model, args.dtype, args.device, args.revision, args.trust_remote_code,
+                     max_length=args.max_length)
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    cfg = MembershipConfig(spec, tasks, args.k, args.data_dir, args.include_path, args.limit, args.actors,
+                           args.docs_per_batch, not args.no_progress)
+    cfg.validate()
+    prepare_output(args.output)
+    report = run_membership(cfg, args.output)
+    print(format_table(report))
+    print(f"wall time {report['config']['wall_time_s']:.1f} s; membership.json and membership.parquet written to "
+          f"{args.output}")
+    return 0
+
+# --- end raylm contamination ---
 
 def run_sweep_file(args: argparse.Namespace) -> int:
     from raylm.sweep.summary import SUMMARY_MD

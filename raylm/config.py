@@ -52,6 +52,9 @@ class EvalConfig:
     numpy_seed: int | None = DEFAULT_OTHER_SEED
     torch_seed: int | None = DEFAULT_OTHER_SEED
     log_samples: bool = False  # keep lm-eval's per-document samples for samples/<task>_docs.parquet
+    # A `raylm contamination` output (directory or its contamination.json): every metric is also computed on the
+    # documents it found clean, as `<metric>_decontaminate`.
+    decontaminate: Path | None = None
 
     @property
     def lmeval_tasks(self) -> tuple[str, ...]:
@@ -86,6 +89,9 @@ class EvalConfig:
             raise RaylmError(f"shard size must be at least 1, got {self.shard_requests}")
         if self.num_gpus is not None and self.num_gpus < 0:
             raise RaylmError(f"--num-gpus must be 0 or more, got {self.num_gpus}")
+        if self.decontaminate is not None and not self.decontaminate.exists():
+            raise RaylmError(f"--decontaminate '{self.decontaminate}' does not exist (a `raylm contamination` "
+                             "output directory, or its contamination.json)")
         if self.num_cpus is not None and self.num_cpus <= 0:
             raise RaylmError(f"CPUs per actor must be more than 0, got {self.num_cpus}")
         self.model.validate()

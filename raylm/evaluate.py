@@ -28,9 +28,10 @@ from raylm.requests.encoding import Encoder
 from raylm.requests.masked import MaskedEncoder
 from raylm.requests.shards import LMEVAL_KIND, Shard, make_shards
 from raylm.requests.table import build_requests
+from raylm.results.contamination import CleanSets, decontaminated_key, read_scan
 from raylm.results.metrics import choice_metrics, rolling_metrics
 from raylm.results.report import EvalResult, TaskResult, prefix_sharing, run_summary
-from raylm.results.sums import merge
+from raylm.results.sums import merge, shard_sums
 from raylm.tasks import ChoiceDoc, get_task
 from raylm.tasks.base import with_fewshot
 
@@ -187,6 +188,10 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
     cfg = replace(cfg, model=pin_revision(cfg.model))
     docs = load_task_docs(cfg)
     selection = select_lmeval(cfg)
+    scan = None
+    if cfg.decontaminate is not None:
+        scan = CleanSets(read_scan(cfg.decontaminate), cfg.decontaminate)
+        scan.require_tasks([*docs, *(selection.leaves if selection is not None else [])])
     ray_started = _RayStarted(actors is not None)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="raylm-tokenise") as tokenising:
         # Tokenising (and building lm-eval's requests) on a thread while Ray starts and the actors load their
@@ -200,6 +205,7 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
             ray_started.open(failed=actors is None and launched is None)
         try:
             encoder, tables, built = encoded.result()
+            clean, evaluated = clean_documents(cfg, scan, docs, built) if scan is not None else (None, {})
             shards = make_shards(tables, cfg.shard_requests)
             checkpoint = None
             if cfg.output is not None:
@@ -239,7 +245,11 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
         else:
             metrics, original = choice_metrics(sums, get_task(name).choice_metrics), docs[name][1]
         results[name] = TaskResult(name, kind, metrics, sums, original, table)
-    lmeval = _lmeval_results(cfg, built, tables, results) if built is not None else None
+        if clean is not None and kind != LMEVAL_KIND:
+            results[name].decontaminated = native_decontaminated(name, kind, table, clean[name])
+    lmeval = _lmeval_results(cfg, built, tables, results, clean) if built is not None else None
+    for name, ids in (clean or {}).items():
+        results[name].n_clean = len(ids)
     wall = time.time() - start
     scorer = scored_spec(cfg.model, encoder).scorer
     extra = {"scorer": scorer, "pll": cfg.model.pll if scorer == "mlm" else None,
@@ -249,10 +259,44 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
              "shards_resumed": resumed, "actors_replaced": report.replaced, "ray_gcs_address": gcs_address(),
              "model_commit": scored_commit(cfg.model)}
     log.info("%s", run_summary(extra, wall))
-    return EvalResult(asked, results, wall, extra, lmeval)
+    decontamination = scan.summary(clean, evaluated) if scan is not None else None
+    return EvalResult(asked, results, wall, extra, lmeval, decontamination)
 
 
-def _lmeval_results(cfg: EvalConfig, built: Built, tables: Tables, results: dict[str, TaskResult]) -> dict[str, Any]:
+def clean_documents(cfg: EvalConfig, scan: CleanSets, docs: TaskDocs, built: Built | None
+                    ) -> tuple[dict[str, set[int]], dict[str, int]]:
+    """Each task's evaluated documents that the scan found clean, and how many it evaluates, after checking the
+    scan holds exactly those texts: native tasks' by their lm-eval counterpart's query rule, lm-eval tasks' by
+    lm-eval's (raylm.tasks.queries, raylm.tasks.lmeval.queries)."""
+    from raylm.tasks.queries import native_queries
+
+    evaluated: dict[str, list[tuple[int, str]]] = {}
+    for name, (task_docs, _) in docs.items():
+        queries = native_queries(name, cfg.data_dir)
+        evaluated[name] = [(d.doc_id, queries[d.doc_id]) for d in task_docs]
+    if built is not None:
+        from raylm.tasks.lmeval.queries import document_queries
+
+        for name, task in built.tasks["tasks"].items():
+            evaluated[name] = list(document_queries(name, task, cfg.limit))
+    return ({name: scan.clean(name, queries) for name, queries in evaluated.items()},
+            {name: len(queries) for name, queries in evaluated.items()})
+
+
+def native_decontaminated(name: str, kind: str, scored: pa.Table, clean: set[int]) -> dict[str, float]:
+    """A native task's metrics over its clean documents alone, under lm-eval's `_decontaminate` names (none when
+    no document is clean, as lm-eval had no values to aggregate)."""
+    import pyarrow.compute as pc
+
+    if not clean:
+        return {}
+    sums = shard_sums(kind, scored.filter(pc.is_in(scored["doc_id"], pa.array(sorted(clean), pa.int64()))))
+    metrics = rolling_metrics(sums) if kind == "rolling" else choice_metrics(sums, get_task(name).choice_metrics)
+    return {decontaminated_key(key): value for key, value in metrics.items()}
+
+
+def _lmeval_results(cfg: EvalConfig, built: Built, tables: Tables, results: dict[str, TaskResult],
+                    clean: dict[str, set[int]] | None) -> dict[str, Any]:
     """lm-eval's results for its tasks, from their scores, through lm-eval itself; each task's metrics and
     document count also go on its TaskResult."""
     from raylm.results.lmeval import results as lmeval_results
@@ -261,7 +305,7 @@ def _lmeval_results(cfg: EvalConfig, built: Built, tables: Tables, results: dict
     scores = {}
     for name in built.tasks["tasks"]:
         scores.update(task_scores(name, built.output_type(name), tables[name][1], results[name].scored))
-    out = lmeval_results(built, scores, cfg.bootstrap_iters, cfg.log_samples)
+    out = lmeval_results(built, scores, cfg.bootstrap_iters, cfg.log_samples, clean)
     for name in built.tasks["tasks"]:
         results[name].metrics = {k: v for k, v in out["results"][name].items()
                                  if k not in ("name", "alias", "sample_len")}

@@ -1,5 +1,6 @@
 """The layout's rules, checked on the source: each stage imports only the stages before it, scoring is plain torch
-(no Ray), and only cluster/ and corpus/ touch Ray."""
+(no Ray), the contamination n-gram maths is plain Python, and only cluster/, corpus/ and contamination/ touch
+Ray."""
 
 from __future__ import annotations
 
@@ -26,12 +27,15 @@ ALLOWED = {
     "evaluate": {"cluster", "config", "models", "requests", "results", "scoring", "tasks"},
     "sweep": {"cluster", "config", "data", "evaluate", "models", "results", "scoring", "tasks"},
     "probe": {"data", "models", "results", "scoring"},
-    "cli": {"cluster", "config", "corpus", "data", "evaluate", "models", "probe", "requests", "results", "scoring",
-            "sweep", "tasks"},
+    # a corpus job beside corpus/: task queries (tasks) -> n-grams -> a corpus streamed by Ray Data (corpus,
+    # cluster) -> overlaps and clean sets (results); membership scores run models on its actors (models, scoring)
+    "contamination": {"cluster", "config", "corpus", "models", "requests", "results", "scoring", "tasks"},
+    "cli": {"cluster", "config", "contamination", "corpus", "data", "evaluate", "models", "probe", "requests",
+            "results", "scoring", "sweep", "tasks"},
     "api": {"cluster", "config", "models", "requests", "scoring", "tasks"},
     "__main__": {"cli"},
 }
-RAY_USERS = {"cluster", "corpus"}
+RAY_USERS = {"cluster", "corpus", "contamination"}
 
 
 def modules() -> list[tuple[str, Path]]:
@@ -60,7 +64,7 @@ def test_each_module_imports_only_earlier_stages(package, path):
     raylm_packages = {n.split(".")[1] for n in imported(path) if n.startswith("raylm.")} - {package, "errors"}
     assert raylm_packages <= ALLOWED[package], f"{path.name} imports {raylm_packages - ALLOWED[package]}"
     uses_ray = any(n == "ray" or n.startswith("ray.") for n in imported(path))
-    assert not uses_ray or package in RAY_USERS, f"{path.name} imports Ray outside cluster/ and corpus/"
+    assert not uses_ray or package in RAY_USERS, f"{path.name} imports Ray outside {', '.join(sorted(RAY_USERS))}"
 
 
 def test_every_package_is_covered():
@@ -72,6 +76,18 @@ def test_scoring_runs_without_ray_installed():
     probe = ("import sys; sys.modules['ray'] = None\n"
              "import raylm.scoring.scorer, raylm.scoring.kl, raylm.models.loading, raylm.scoring.packing, "
              "raylm.scoring.mlm\n"
+             "print('ok')")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_contamination_maths_runs_without_ray_installed():
+    """The n-grams, the task queries and the membership scores are plain Python: Ray only runs them."""
+    probe = ("import sys; sys.modules['ray'] = None\n"
+             "import raylm.contamination.ngrams, raylm.contamination.membership, raylm.contamination.documents\n"
+             "from raylm.contamination.ngrams import NgramIndex, TaskDocument, words\n"
+             "index = NgramIndex([TaskDocument('t', 0, words('a b c d'))], 2)\n"
+             "assert [c.ngram for c in index.filter.candidates(['x A, b y C d'])] == ['a b', 'c d']\n"
              "print('ok')")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

@@ -16,6 +16,8 @@ import ray
 from raylm.errors import RaylmError, RemoteError, first_line
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the function names in the remote traceback
+# The first exception line of a remote traceback is the error the worker raised (Ray Data's own wrapping follows).
+_WORKER_ERROR = re.compile(r"^((?:\w+\.)*\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
 
 
 class StartupError(RaylmError):
@@ -60,3 +62,21 @@ def remote_error(what: str, error: ray.exceptions.RayError) -> RemoteError:
 
 def remote_traceback(error: BaseException) -> str:
     return ANSI_ESCAPE.sub("", str(error))
+
+
+def data_worker_error(what: str, e: Exception) -> RemoteError | None:
+    """An error a Ray Data worker raised, as `what: error` in one line with its remote traceback; None if `e` is
+    not one.
+
+    Ray Data re-raises a failed batch as its own UserCodeException, keeping the worker's exception only as text,
+    so the error is found by its traceback line. A raylm error's message is the line to show as it is.
+    """
+    if not isinstance(e, ray.exceptions.RayError):
+        return None
+    text = remote_traceback(e)
+    match = _WORKER_ERROR.search(text)
+    if match is None:
+        return None
+    name, message = match.groups()
+    line = message if name.startswith("raylm.") else f"{name.rsplit('.', 1)[-1]}: {message}"
+    return RemoteError(f"{what}: {line}", text)

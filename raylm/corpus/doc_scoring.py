@@ -17,7 +17,7 @@ import torch
 
 from raylm.cluster.devices import device_here
 from raylm.cluster.failures import DeferredStartup
-from raylm.errors import InputError
+from raylm.corpus.read import document_texts
 from raylm.models.loading import load_model, load_tokenizer
 from raylm.models.spec import ModelSpec
 from raylm.requests.encoding import Encoder
@@ -57,14 +57,6 @@ class WindowedDocs:
             "bytes": pa.array([len(t.encode("utf-8")) for t in self.texts], pa.int64()),
             "chars": pa.array([len(t) for t in self.texts], pa.int64()),
         }
-
-
-def document_texts(batch: pa.Table) -> list[str]:
-    texts = batch["text"].to_pylist()
-    for path, text in zip(batch["path"].to_pylist(), texts):
-        if not isinstance(text, str):
-            raise InputError(path, f"expected a document's text, got {type(text).__name__}", field="text")
-    return texts
 
 
 def window_documents(batch: pa.Table, encoder: Encoder, stride: int) -> WindowedDocs:

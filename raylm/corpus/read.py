@@ -12,7 +12,9 @@ from __future__ import annotations
 import fnmatch
 import glob
 import os
+from collections.abc import Sequence
 
+import pyarrow as pa
 import pyarrow.fs
 
 from raylm.errors import InputError
@@ -58,20 +60,29 @@ def _glob_match(path: str, pattern: str) -> bool:
     return same_depth and fnmatch.fnmatch(path, pattern)
 
 
-def read_corpus(data: str, fmt: str = "auto", text_column: str = "text", limit_docs: int | None = None
-                ) -> ray.data.Dataset:
-    """Lazily read the corpus; the column names are checked now so a wrong one fails before any model loads."""
+def read_corpus(data: str | Sequence[str], fmt: str = "auto", text_column: str = "text",
+                limit_docs: int | None = None, keep_empty_lines: bool = False) -> ray.data.Dataset:
+    """Lazily read the corpus (one path or glob, or several of one format); the column names are checked now so a
+    wrong one fails before any model loads. `keep_empty_lines` keeps a text file's empty lines as empty documents,
+    so that a row's index in its file is its line number."""
     import ray.data  # here, not at the top: it takes a second to import and `raylm eval` never needs it
 
-    fmt = detect_format(data) if fmt == "auto" else fmt
-    paths = expand_paths(data)
+    sources = [data] if isinstance(data, str) else list(data)
+    data = ", ".join(sources)
+    formats = {detect_format(d) if fmt == "auto" else fmt for d in sources}
+    if len(formats) > 1:
+        raise InputError(data, f"the paths hold different formats ({', '.join(sorted(formats))}); pass one format "
+                               "at a time")
+    fmt = formats.pop()
+    paths = [p for d in sources for p in expand_paths(d)]
     try:
         if fmt == "parquet":
             ds = ray.data.read_parquet(paths, include_paths=True)
         elif fmt == "jsonl":
             ds = ray.data.read_json(paths, include_paths=True)
         elif fmt == "txt":
-            ds, text_column = ray.data.read_text(paths, include_paths=True, drop_empty_lines=True), "text"
+            ds = ray.data.read_text(paths, include_paths=True, drop_empty_lines=not keep_empty_lines)
+            text_column = "text"
         else:
             raise InputError(data, f"unknown format '{fmt}' (use {', '.join(FORMATS)})")
         schema = ds.schema()
@@ -88,6 +99,15 @@ def read_corpus(data: str, fmt: str = "auto", text_column: str = "text", limit_d
     # the first N.
     ds.context.execution_options.preserve_order = True
     return ds.limit(limit_docs) if limit_docs is not None else ds
+
+
+def document_texts(batch: pa.Table) -> list[str]:
+    """A batch's texts, refusing a row whose text is not a string (a null, a number) with its file and field."""
+    texts = batch["text"].to_pylist()
+    for path, text in zip(batch["path"].to_pylist(), texts):
+        if not isinstance(text, str):
+            raise InputError(path, f"expected a document's text, got {type(text).__name__}", field="text")
+    return texts
 
 
 def _first_line(e: Exception) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -23,11 +22,11 @@ import pyarrow.parquet as pq
 import ray
 from tqdm import tqdm
 
-from raylm.cluster.failures import remote_traceback
+from raylm.cluster.failures import data_worker_error
 from raylm.cluster.runtime import connect, local_cpus_needed, plan_actors
 from raylm.corpus.doc_scoring import PREFIX_SHARING_COLUMN, DocKL, DocPerplexity, DocPseudoPerplexity
 from raylm.corpus.read import DEFAULT_DOCS_PER_BATCH, FORMATS, read_corpus
-from raylm.errors import RaylmError, RemoteError
+from raylm.errors import RaylmError
 from raylm.models.context import context_length
 from raylm.models.identity import pin_revision, scored_commit
 from raylm.models.loading import load_config, load_tokenizer, resolve_scorer
@@ -45,8 +44,6 @@ log = logging.getLogger(__name__)
 # Batch sums are folded into one every this many batches, so the driver's state stays small on any corpus.
 COLLAPSE_PARTS = 1024
 READ_CPUS = 1.0  # kept free of CPU actors for Ray Data's read tasks
-# The first exception line of a remote traceback is the error the worker raised (Ray Data's own wrapping follows).
-_WORKER_ERROR = re.compile(r"^((?:\w+\.)*\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
 KL_PREFIX_SHARING = "unpacked (raylm kl scores each window in its own row)"
 PROBE_TEXT = "Probe: the tokenizers of both models must encode this the same way, 0123 äöü 東京 🙂\n  end."
 
@@ -226,7 +223,7 @@ def _stream(scored: ray.data.Dataset, samples: Path, progress: bool,
         partial.unlink(missing_ok=True)
         if isinstance(e, RaylmError):
             raise
-        error = _worker_error(e)
+        error = data_worker_error("corpus scoring failed", e)
         if error is None:
             raise
         raise error from e
@@ -239,23 +236,6 @@ def _stream(scored: ray.data.Dataset, samples: Path, progress: bool,
                          f"({int(sums.get('docs', 0))} documents, 0 tokens)")
     os.replace(partial, samples)
     return sums, sorted(verdicts)
-
-
-def _worker_error(e: Exception) -> RemoteError | None:
-    """An error a Ray Data worker raised, as one line with its remote traceback; None if `e` is not one.
-
-    Ray Data re-raises a failed batch as its own UserCodeException, keeping the worker's exception only as text,
-    so the error is found by its traceback line. A raylm error's message is the line to show as it is.
-    """
-    if not isinstance(e, ray.exceptions.RayError):
-        return None
-    text = remote_traceback(e)
-    match = _WORKER_ERROR.search(text)
-    if match is None:
-        return None
-    name, message = match.groups()
-    line = message if name.startswith("raylm.") else f"{name.rsplit('.', 1)[-1]}: {message}"
-    return RemoteError(f"corpus scoring failed: {line}", text)
 
 
 def results_dict(result: CorpusResult) -> dict[str, Any]:

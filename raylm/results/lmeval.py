@@ -20,12 +20,14 @@ from lm_eval.evaluator_utils import ResultAcc, _process_results
 from lm_eval.utils import handle_non_serializable, hash_string
 
 from raylm.errors import RaylmError
+from raylm.results.contamination import SUFFIX, decontaminated_key
 from raylm.tasks.lmeval.build import LMEVAL_LOCK, Built, cached_templates
 
 # A loglikelihood request's score is (summed log-probability, continuation is the greedy decode); a rolling
 # request's is its document's summed log-probability over all windows (HFLM returns a bare float for it).
 Score = tuple[float, bool] | float
 ScoreKey = tuple[str, int, int]  # (task, doc_id, idx)
+_NOT_METRICS = ("name", "alias", "sample_len", "sample_count")  # the entries of a task's or group's results
 
 
 def task_scores(task: str, output_type: str, requests: pa.Table, scored: pa.Table) -> dict[ScoreKey, Score]:
@@ -101,14 +103,25 @@ def _logged_sample(doc_id: int, doc: dict, target: Any, requests: list[Instance]
 
 
 def results(built: Built, scores: Mapping[ScoreKey, Score], bootstrap_iters: int = 100000,
-            log_samples: bool = True) -> dict[str, Any]:
+            log_samples: bool = True, clean: Mapping[str, set[int]] | None = None) -> dict[str, Any]:
     """lm-eval's results dict (results, groups, group_subtasks, configs, versions, n-shot, higher_is_better,
-    n-samples, and samples when log_samples) from one score per (task, doc_id, idx)."""
+    n-samples, and samples when log_samples) from one score per (task, doc_id, idx).
+
+    With `clean` (task -> the doc_ids a contamination scan found clean), every metric of every task and group is
+    computed again over the clean documents alone, as lm-eval's evaluator did before 0.4.0 (each clean
+    document's values appended under `<metric>_decontaminate` and aggregated with the metric's own aggregation,
+    its stderr beside it), now through lm-eval 0.4.13's own aggregation, stderr and group code: a second
+    _process_results over the clean documents' values, its keys renamed. A group is thus aggregated over its
+    subtasks' clean documents with their clean counts as weights, exactly what lm-eval reports when asked for
+    those documents alone (`samples=`); n-samples gains the clean count under `decontaminate`."""
     # process_docs runs again in doc_iterator and may draw from the global generators; doc_to_target is Jinja.
     with LMEVAL_LOCK, cached_templates():
         accumulators: dict[str, ResultAcc] = {
             name: {"task": task, "raw_metrics": defaultdict(list), "logged_samples": []}
             for name, task in built.tasks["tasks"].items()}
+        clean_acc: dict[str, ResultAcc] = {
+            name: {"task": task, "raw_metrics": defaultdict(list), "logged_samples": []}
+            for name, task in built.tasks["tasks"].items() if clean is not None}
         for name, acc in accumulators.items():
             task = acc["task"]
             _fill(name, task.instances, scores)
@@ -127,6 +140,30 @@ def results(built: Built, scores: Mapping[ScoreKey, Score], bootstrap_iters: int
                             _logged_sample(doc_id, doc, task.doc_to_target(doc), requests, filter_key, metrics))
                     for metric, value in metrics.items():
                         acc["raw_metrics"][(metric, filter_key)].append(value)
+                        if clean is not None and doc_id in clean[name]:
+                            clean_acc[name]["raw_metrics"][(metric, filter_key)].append(value)
+        groups = built.tasks.get("groups", {})
         with _no_bootstrap_pool():
-            processed = _process_results(accumulators, built.tasks.get("groups", {}), bootstrap_iters)
-        return processed._to_eval_results(samples=processed.samples if log_samples else None)
+            processed = _process_results(accumulators, groups, bootstrap_iters)
+            out = processed._to_eval_results(samples=processed.samples if log_samples else None)
+            if clean is not None:
+                _add_decontaminated(out, _process_results(clean_acc, groups, bootstrap_iters)._to_eval_results())
+        return out
+
+
+def _add_decontaminated(out: dict[str, Any], clean: dict[str, Any]) -> None:
+    """The clean pass's metrics into the full pass's results under their `_decontaminate` names, their
+    directions beside them, and each task's clean count in n-samples."""
+    for section in ("results", "groups"):
+        for name, metrics in clean.get(section, {}).items():
+            renamed = {decontaminated_key(k): v for k, v in metrics.items() if k not in _NOT_METRICS}
+            out[section][name].update(renamed)
+            if "sample_count" in metrics:  # a group's documents per metric
+                out[section][name].setdefault("sample_count", {}).update(
+                    {decontaminated_key(k): v for k, v in metrics["sample_count"].items()})
+            if renamed and name in out["higher_is_better"]:
+                out["higher_is_better"][name].update({f"{m}{SUFFIX}": h for m, h in
+                                                      list(out["higher_is_better"][name].items())
+                                                      if not m.endswith(SUFFIX)})
+    for name, counts in clean["n-samples"].items():
+        out["n-samples"][name]["decontaminate"] = counts["effective"]

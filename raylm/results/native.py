@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from raylm.results.contamination import SUFFIX
+
 if TYPE_CHECKING:
     from raylm.config import EvalConfig
     from raylm.results.report import TaskResult
@@ -40,16 +42,35 @@ NOT_AVAILABLE = "N/A"
 
 
 def task_entry(task: TaskResult, bootstrap_iters: int) -> dict[str, Any]:
-    """results[name]: lm-eval's fixed keys, then each metric and its stderr in lm-eval's order."""
+    """results[name]: lm-eval's fixed keys, then each metric and its stderr in lm-eval's order; with
+    --decontaminate, each again over the clean documents under its `_decontaminate` name."""
     mirror = MIRRORS[task.name]
     docs = int(task.sums["docs"])
     entry: dict[str, Any] = {"name": task.name, "alias": task.name, "sample_len": docs}
-    for metric in mirror.higher_is_better:
-        entry[f"{metric},none"] = task.metrics[f"{metric},none"]
-        stderr = task.metrics.get(f"{metric}_stderr,none")
-        has_stderr = mirror.stderr and bootstrap_iters > 0 and docs > 1 and stderr is not None and math.isfinite(stderr)
-        entry[f"{metric}_stderr,none"] = stderr if has_stderr else NOT_AVAILABLE
+    passes = [("", task.metrics, docs)]
+    if task.decontaminated:
+        passes.append((SUFFIX, task.decontaminated, task.n_clean or 0))
+    for suffix, metrics, n in passes:
+        for metric in mirror.higher_is_better:
+            entry[f"{metric}{suffix},none"] = metrics[f"{metric}{suffix},none"]
+            stderr = metrics.get(f"{metric}{suffix}_stderr,none")
+            has_stderr = (mirror.stderr and bootstrap_iters > 0 and n > 1 and stderr is not None
+                          and math.isfinite(stderr))
+            entry[f"{metric}{suffix}_stderr,none"] = stderr if has_stderr else NOT_AVAILABLE
     return entry
+
+
+def higher_is_better(task: TaskResult) -> dict[str, bool]:
+    directions = dict(MIRRORS[task.name].higher_is_better)
+    if task.decontaminated:
+        directions.update({f"{metric}{SUFFIX}": h for metric, h in MIRRORS[task.name].higher_is_better.items()})
+    return directions
+
+
+def sample_counts(task: TaskResult) -> dict[str, int]:
+    """n-samples[name]: lm-eval's counts, and with --decontaminate the clean documents (`decontaminate`)."""
+    counts = {"original": task.n_docs_original, "effective": int(task.sums["docs"])}
+    return counts | ({"decontaminate": task.n_clean} if task.n_clean is not None else {})
 
 
 def task_config(name: str, cfg: EvalConfig) -> dict[str, Any]:
@@ -78,7 +99,6 @@ def lmeval_shape(tasks: dict[str, TaskResult], cfg: EvalConfig) -> dict[str, dic
         "configs": {name: task_config(name, cfg) for name in tasks},
         "versions": {name: MIRRORS[name].version for name in tasks},
         "n-shot": {name: n_shot(name, cfg) for name in tasks},
-        "higher_is_better": {name: dict(MIRRORS[name].higher_is_better) for name in tasks},
-        "n-samples": {name: {"original": t.n_docs_original, "effective": int(t.sums["docs"])}
-                      for name, t in tasks.items()},
+        "higher_is_better": {name: higher_is_better(t) for name, t in tasks.items()},
+        "n-samples": {name: sample_counts(t) for name, t in tasks.items()},
     }

@@ -45,6 +45,8 @@ class TaskResult:
     sums: dict[str, float]
     n_docs_original: int
     scored: pa.Table
+    decontaminated: dict[str, float] | None = None  # a native task's `_decontaminate` metrics (lm-eval's: in metrics)
+    n_clean: int | None = None  # documents the `_decontaminate` metrics are computed on
 
 
 @dataclass
@@ -56,6 +58,7 @@ class EvalResult:
     wall_s: float
     extra: dict[str, object] = field(default_factory=dict)
     lmeval: dict[str, Any] | None = None  # lm-eval's results dict for its tasks (samples when log_samples)
+    decontamination: dict[str, Any] | None = None  # --decontaminate: the scan used, documents dirty and clean
 
 
 def run_config(model: ModelSpec, wall_s: float, **fields: object) -> dict[str, Any]:
@@ -100,6 +103,7 @@ def results_dict(result: EvalResult) -> dict[str, Any]:
             data_dir=str(cfg.data_dir or "hub"), include_path=str(cfg.include_path) if cfg.include_path else None,
             bootstrap_iters=cfg.bootstrap_iters, random_seed=cfg.random_seed, numpy_seed=cfg.numpy_seed,
             torch_seed=cfg.torch_seed, fewshot_seed=cfg.fewshot_seed, **result.extra),
+        **({"decontamination": result.decontamination} if result.decontamination is not None else {}),
         "sums": {name: t.sums for name, t in result.tasks.items()},
         "token_perplexity": {name: token_perplexity(t.sums) for name, t in result.tasks.items()
                              if _is_rolling(result, name)},

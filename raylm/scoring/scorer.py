@@ -63,8 +63,11 @@ class Scorer:
         self._mask_dtype = getattr(model, "dtype", torch.float32)
 
     def score(self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
-              doc_ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Loglikelihood (float64) and is-greedy for each (context, continuation) request, in input order.
+              doc_ids: Sequence[int] | None = None, token_logprobs: bool = False
+              ) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """Loglikelihood (float64) and is-greedy for each (context, continuation) request, in input order; with
+        token_logprobs, also each request's continuation-token log-probs in order (float64 arrays), from the same
+        forward pass.
 
         With doc_ids, only requests of the same document share a prefix; without, any consecutive ones may.
         """
@@ -76,6 +79,7 @@ class Scorer:
             n_targets.append(len(continuation))
         loglik = np.zeros(len(inputs), dtype=np.float64)
         greedy = np.zeros(len(inputs), dtype=bool)
+        per_token: list[np.ndarray] | None = [np.zeros(0)] * len(inputs) if token_logprobs else None
 
         def batches(pending: list[int], budget: int) -> Iterator[tuple[list[PackedRow], list[int], bool]]:
             rows = self._plan(pending, inputs, n_targets, doc_ids, budget)
@@ -84,9 +88,9 @@ class Scorer:
                 yield batch, [i for row in batch for i in row.requests], len(batch) == 1 and not batch[0].branched
 
         self.token_budget = halving_on_oom(list(range(len(inputs))), batches,
-                                           lambda batch: self._score_batch(batch, targets, loglik, greedy),
+                                           lambda batch: self._score_batch(batch, targets, loglik, greedy, per_token),
                                            self.token_budget)
-        return loglik, greedy
+        return (loglik, greedy) if per_token is None else (loglik, greedy, per_token)
 
     def _plan(self, pending: list[int], inputs: list[list[int]], n_targets: list[int],
               doc_ids: Sequence[int] | None, token_budget: int) -> list[PackedRow]:
@@ -98,7 +102,7 @@ class Scorer:
 
     @torch.inference_mode()
     def _score_batch(self, batch: list[PackedRow], targets: list[list[int]], loglik: np.ndarray,
-                     greedy: np.ndarray) -> None:
+                     greedy: np.ndarray, per_token: list[np.ndarray] | None = None) -> None:
         width = max(len(row.tokens) for row in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         for r, row in enumerate(batch):
@@ -131,6 +135,9 @@ class Scorer:
         starts = np.flatnonzero(np.r_[True, owners_np[1:] != owners_np[:-1]])
         loglik[owners_np[starts]] = np.add.reduceat(token_lp, starts)
         greedy[owners_np[starts]] = np.logical_and.reduceat(hits, starts)
+        if per_token is not None:
+            for request, part in zip(owners_np[starts].tolist(), np.split(token_lp, starts[1:])):
+                per_token[request] = part
 
     def _model_inputs(self, batch: list[PackedRow], width: int) -> dict:
         """Branch positions and the plan's masks for a batch holding a packed row (every row of it: a plain row

@@ -36,7 +36,7 @@ from raylm.tasks import TASKS
 
 PACKAGED = "raylm:demo"  # the packaged stories260K model (as a model path) or the packaged data (as data_dir)
 TOP_KEYS = ("models", "tasks", "settings", "data_dir", "include_path", "seed", "device", "actors_per_model", "num_gpus",
-            "num_cpus", "max_length")
+            "num_cpus", "max_length", "decontaminate")
 MODEL_KEYS = ("path", "name", "dtype", "load_in_4bit", "load_in_8bit", "revision", "scorer", "pll", "max_length")
 SETTING_KEYS = ("num_fewshot", "limit", "batch_size", "dtype", "quantization")
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -70,13 +70,15 @@ class Sweep:
     num_gpus: float | None = None
     num_cpus: float | None = None
     include_path: Path | None = None
+    decontaminate: Path | None = None  # a `raylm contamination` output: `_decontaminate` metrics for every point
 
     def config(self, model: SweepModel, point: SweepPoint) -> EvalConfig:
         seeds = {} if self.seed is None else {"fewshot_seed": self.seed, "random_seed": self.seed,
                                                "numpy_seed": self.seed, "torch_seed": self.seed}
         return EvalConfig(model.spec, self.tasks, self.data_dir, point.limit, point.num_fewshot,
                           batch_size=point.batch_size, actors=self.actors_per_model, progress=False,
-                          num_gpus=self.num_gpus, include_path=self.include_path, log_samples=True, **seeds)
+                          num_gpus=self.num_gpus, include_path=self.include_path, log_samples=True,
+                          decontaminate=self.decontaminate, **seeds)
 
 
 def load_sweep(path: Path) -> Sweep:
@@ -94,6 +96,7 @@ def load_sweep(path: Path) -> Sweep:
         actors_per_model=_positive(r, top, "actors_per_model", int, 1),
         num_gpus=_positive(r, top, "num_gpus", (int, float), None, allow_zero=True),
         num_cpus=_positive(r, top, "num_cpus", (int, float), None),
+        decontaminate=_scan(r, top["decontaminate"], base) if "decontaminate" in top else None,
     )
     for model in sweep.models:
         for point in sweep.points:
@@ -154,6 +157,14 @@ def _directory(r: NodeReader, node: yaml.Node, base: Path, key: str) -> Path:
     path = (base / Path(r.typed(node, key, str, "a directory")).expanduser()).resolve()
     if not path.is_dir():
         raise r.fail(node, key, f"directory '{path}' does not exist")
+    return path
+
+
+def _scan(r: NodeReader, node: yaml.Node, base: Path) -> Path:
+    """A `raylm contamination` output directory (or its contamination.json), relative to the sweep file."""
+    path = (base / Path(r.typed(node, "decontaminate", str, "a path")).expanduser()).resolve()
+    if not path.exists():
+        raise r.fail(node, "decontaminate", f"'{path}' does not exist (run `raylm contamination` first)")
     return path
 
 

@@ -1,0 +1,196 @@
+"""`raylm membership`'s driver: every task document's query text -> a Ray Data pool of model actors -> per-token
+log-probs -> Min-K% Prob and zlib ratio per document (raylm.contamination.membership) -> a summary per task.
+
+The text scored is the document's decontamination query, the text `raylm contamination` searches the corpus
+for, so a document's overlap and its membership scores describe the same words. It is scored whole, as the
+WikiText task scores a page: the tokenizer's own encoding, lm-eval's disjoint rolling windows (conditioned on the
+BOS, else EOS, token), every token scored once, each window on its own (no prefix sharing), in float64. Documents
+travel as a small Ray Dataset; each actor holds the model and turns a batch of documents into one row each.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from raylm.cluster.failures import DeferredStartup, data_worker_error
+from raylm.cluster.runtime import connect, local_cpus_needed, plan_actors
+from raylm.contamination.documents import load_scan_tasks
+from raylm.contamination.membership import DEFAULT_K, check_k, min_k_prob, zlib_ratio
+from raylm.corpus.doc_scoring import window_documents
+from raylm.corpus.run import model_max_length
+from raylm.errors import RaylmError
+from raylm.models.identity import pin_revision, scored_commit
+from raylm.models.spec import ModelSpec
+from raylm.results.atomic import write_atomic
+from raylm.results.ownership import is_raylm_parquet, results_kind, tagged
+from raylm.results.report import run_config
+
+MEMBERSHIP_JSON = "membership.json"
+MEMBERSHIP_PARQUET = "membership.parquet"
+DEFAULT_DOCS_PER_BATCH = 16
+
+
+@dataclass(frozen=True)
+class MembershipConfig:
+    model: ModelSpec
+    tasks: tuple[str, ...]
+    k: float = DEFAULT_K
+    data_dir: Path | None = None
+    include_path: Path | None = None
+    limit: int | None = None
+    actors: int | None = None
+    docs_per_batch: int = DEFAULT_DOCS_PER_BATCH
+    progress: bool = True
+
+    def validate(self) -> None:
+        if not self.tasks:
+            raise RaylmError("no tasks given")
+        try:
+            check_k(self.k)
+        except ValueError as e:
+            raise RaylmError(str(e)) from e
+        if self.include_path is not None and not self.include_path.is_dir():
+            raise RaylmError(f"--include-path '{self.include_path}' is not a directory")
+        for name, value in (("--max-length", self.model.max_length), ("--limit", self.limit),
+                            ("--actors", self.actors), ("--docs-per-batch", self.docs_per_batch)):
+            if value is not None and value < 1:
+                raise RaylmError(f"{name} must be at least 1, got {value}")
+        self.model.validate()
+
+
+class DocMembership(DeferredStartup):
+    """Ray Data callable: a batch of (task, doc_id, text) -> per document its tokens, NLL, Min-K% and zlib ratio."""
+
+    def start(self, spec: ModelSpec, max_length: int, k: float, threads: int = 0) -> None:
+        import torch
+
+        from raylm.requests.encoding import Encoder
+        from raylm.models.loading import load_model, load_tokenizer
+        from raylm.scoring.scorer import Scorer
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.encoder = Encoder(load_tokenizer(spec), max_length)
+        self.scorer = Scorer(load_model(spec), max_length, share_prefixes=False)
+        self.k = k
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        self.check_started()
+        docs = window_documents(batch, self.encoder, self.encoder.max_length)
+        _, _, per_window = self.scorer.score(docs.contexts, docs.continuations, token_logprobs=True)
+        parts: list[list[np.ndarray]] = [[] for _ in docs.texts]
+        for owner, lp in zip(docs.owner.tolist(), per_window):
+            parts[owner].append(lp)
+        token_lps = [np.concatenate(p) if p else np.zeros(0) for p in parts]
+        return pa.table({
+            "task": batch["task"], "doc_id": batch["doc_id"],
+            "tokens": pa.array([len(lp) for lp in token_lps], pa.int64()),
+            "nll": pa.array([-math.fsum(lp.tolist()) for lp in token_lps], pa.float64()),
+            "min_k_prob": pa.array([min_k_prob(lp, self.k) for lp in token_lps], pa.float64()),
+            "zlib_ratio": pa.array([zlib_ratio(lp, t) for lp, t in zip(token_lps, docs.texts)], pa.float64()),
+        })
+
+
+def check_output(out_dir: Path) -> None:
+    path = out_dir / MEMBERSHIP_JSON
+    if path.exists() and results_kind(path) != "membership":
+        raise RaylmError(f"'{path}' was not written by `raylm membership`; use another --output")
+    rows = out_dir / MEMBERSHIP_PARQUET
+    if rows.exists() and not is_raylm_parquet(rows):
+        raise RaylmError(f"'{rows}' was not written by raylm; use another --output")
+
+
+def run_membership(cfg: MembershipConfig, out_dir: Path) -> dict[str, Any]:
+    """Score every document's query text; write DIR/membership.parquet (per document) and DIR/membership.json."""
+    import ray.data  # see raylm.corpus.read.read_corpus
+
+    cfg.validate()
+    check_output(out_dir)
+    start = time.time()
+    asked = cfg
+    cfg = replace(cfg, model=pin_revision(cfg.model))
+    _, max_length, scorer = model_max_length(cfg.model)  # the model's context, or --max-length
+    if scorer == "mlm":
+        raise RaylmError(f"'{cfg.model.path}' is a masked LM; Min-K% Prob and the zlib ratio need a causal LM's "
+                         "next-token log-probabilities")
+    tasks = load_scan_tasks(cfg.tasks, cfg.data_dir, cfg.include_path, cfg.limit)
+    table = pa.table({
+        "task": pa.array([t.name for t in tasks.tasks.values() for _ in t.queries], pa.string()),
+        "doc_id": pa.array([d for t in tasks.tasks.values() for d, _ in t.queries], pa.int64()),
+        "text": pa.array([q for t in tasks.tasks.values() for _, q in t.queries], pa.string()),
+    })
+    table = table.append_column("path", table["task"])  # what a bad document's error names
+    connect(min_cpus=local_cpus_needed(cfg.actors))
+    recipe, n = plan_actors(cfg.model, cfg.actors, None)
+    ds = ray.data.from_arrow(table)
+    ds.context.execution_options.preserve_order = True
+    scored = ds.map_batches(DocMembership, fn_constructor_args=(cfg.model, max_length, cfg.k, recipe.threads),
+                            batch_size=cfg.docs_per_batch, batch_format="pyarrow",
+                            compute=ray.data.ActorPoolStrategy(size=n), num_cpus=recipe.num_cpus,
+                            num_gpus=recipe.num_gpus)
+    parts = []
+    try:
+        with tqdm(total=table.num_rows, unit="doc", disable=not cfg.progress, desc="scoring") as bar:
+            for batch in scored.iter_batches(batch_format="pyarrow", batch_size=None):
+                parts.append(batch)
+                bar.update(batch.num_rows)
+    except Exception as e:
+        if isinstance(e, RaylmError):
+            raise
+        error = data_worker_error("membership scoring failed", e)
+        if error is None:
+            raise
+        raise error from e
+    rows = pa.concat_tables(parts)
+    sink = pa.BufferOutputStream()
+    pq.write_table(tagged(rows), sink)
+    write_atomic(out_dir / MEMBERSHIP_PARQUET, sink.getvalue().to_pybytes())
+    report = {
+        "k": cfg.k,
+        "tasks": {name: task_summary(rows, name) for name in tasks.tasks},
+        "config": run_config(asked.model, time.time() - start, command="membership", tasks=list(cfg.tasks),
+                             k=cfg.k, max_length=max_length, limit=cfg.limit, actors=n,
+                             data_dir=str(cfg.data_dir) if cfg.data_dir else None,
+                             include_path=str(cfg.include_path) if cfg.include_path else None,
+                             model_commit=scored_commit(cfg.model)),
+    }
+    write_atomic(out_dir / MEMBERSHIP_JSON, json.dumps(report, indent=2).encode())
+    return report
+
+
+def task_summary(rows: pa.Table, task: str) -> dict[str, Any]:
+    mine = rows.filter(pc.equal(rows["task"], task))
+    out: dict[str, Any] = {"documents": mine.num_rows, "tokens": int(sum(mine["tokens"].to_pylist()))}
+    for column in ("min_k_prob", "zlib_ratio"):
+        values = [v for v in mine[column].to_pylist() if not math.isnan(v)]
+        out[f"{column}_mean"] = math.fsum(values) / len(values) if values else math.nan
+        out[f"{column}_median"] = statistics.median(values) if values else math.nan
+    return out
+
+
+def format_table(report: dict[str, Any]) -> str:
+    k = f"{report['k']:g}"
+    w = max([len("task"), *map(len, report["tasks"])])
+    lines = [f"| {'task':<{w}} | {'documents':>9} | {'tokens':>9} | {f'Min-{k}% mean':>13} | {'median':>8} | "
+             f"{'zlib ratio mean':>15} | {'median':>8} |",
+             f"|{'-' * (w + 2)}|{'-' * 10}:|{'-' * 10}:|{'-' * 14}:|{'-' * 9}:|{'-' * 16}:|{'-' * 9}:|"]
+    for name, s in report["tasks"].items():
+        lines.append(f"| {name:<{w}} | {s['documents']:>9} | {s['tokens']:>9} | {s['min_k_prob_mean']:>13.4f} | "
+                     f"{s['min_k_prob_median']:>8.4f} | {s['zlib_ratio_mean']:>15.6f} | "
+                     f"{s['zlib_ratio_median']:>8.6f} |")
+    lines.append(f"Min-{k}% Prob: mean of the lowest {k}% token log-probs (higher: more member-like); zlib ratio: "
+                 "mean NLL / zlib bytes (lower: more member-like). Weak, model-side evidence; overlap with the "
+                 "corpus (`raylm contamination`) is the evidence.")
+    return "\n".join(lines)

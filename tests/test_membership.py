@@ -1,0 +1,123 @@
+"""`raylm membership`: per-token log-probs from the Scorer, Min-K% Prob and the zlib ratio against a direct float64
+computation (one window at a time), and the command end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from conftest import DATA, run_cli
+from raylm.contamination.membership import min_k_prob, zlib_ratio
+from raylm.contamination.membership_run import DocMembership
+from raylm.models.loading import load_model, load_tokenizer
+from raylm.models.spec import ModelSpec
+from raylm.scoring.scorer import Scorer
+from raylm.tasks.queries import native_queries
+from reference import float64_copy
+from reference_corpus import reference_sequence
+
+
+def test_min_k_prob_is_the_mean_of_the_lowest_k_percent():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 4, 5, 7, 10, 33, 100):
+        lp = -rng.gamma(1.5, 2.0, size=n)
+        for k in (5.0, 20.0, 50.0, 100.0):
+            count = max(1, int(n * k / 100))
+            assert min_k_prob(lp, k) == float(np.mean(np.sort(lp)[:count]))
+    assert min_k_prob(np.array([-1.0, -5.0, -2.0, -4.0, -3.0]), 20.0) == -5.0
+    assert math.isnan(min_k_prob(np.zeros(0))) and math.isnan(zlib_ratio(np.zeros(0), "x"))
+    text = "the quick brown fox"
+    assert zlib_ratio(np.array([-1.0, -3.0]), text) == 2.0 / len(zlib.compress(text.encode()))
+
+
+@pytest.fixture(scope="module")
+def spec(tiny_llama) -> ModelSpec:
+    return ModelSpec(str(tiny_llama), dtype="float32", device="cpu")
+
+
+def test_token_logprobs_come_from_the_same_pass_and_sum_to_the_loglikelihoods(spec):
+    """Packed (a shared prefix) and unpacked, the per-token log-probs of each request sum to its loglikelihood and
+    the loglikelihoods and greedy flags are those of a call without them."""
+    tokenizer, model = load_tokenizer(spec), load_model(spec)
+    rng = np.random.default_rng(1)
+    contexts = [[1, *rng.integers(3, 500, 20).tolist()]] * 3 + [[1, *rng.integers(3, 500, 9).tolist()]]
+    continuations = [rng.integers(3, 500, n).tolist() for n in (4, 1, 7, 0)]
+    for share in (True, False):
+        scorer = Scorer(model, 128, share_prefixes=share)
+        loglik, greedy = scorer.score(contexts, continuations)
+        loglik2, greedy2, per_token = scorer.score(contexts, continuations, token_logprobs=True)
+        assert np.array_equal(loglik, loglik2) and np.array_equal(greedy, greedy2)
+        assert [len(p) for p in per_token] == [len(c) for c in continuations]
+        assert all(p.dtype == np.float64 for p in per_token)
+        assert np.allclose([p.sum() for p in per_token], loglik, rtol=0, atol=1e-12)
+    assert tokenizer is not None
+
+
+@torch.inference_mode()
+def reference_token_logprobs(model64, tokenizer, text: str, max_length: int) -> list[float]:
+    """Every token's log-prob, lm-eval's disjoint rolling windows, one window at a time in float64."""
+    sequence = reference_sequence(tokenizer, text)
+    out: list[float] = []
+    scored = 1
+    while scored < len(sequence):
+        end = min(len(sequence), scored + max_length)
+        window = sequence[max(0, end - max_length - 1):end]
+        logprobs = torch.log_softmax(model64(input_ids=torch.tensor([window[:-1]])).logits[0].double(), dim=-1)
+        first = len(window) - 1 - (end - scored)
+        out.extend(float(logprobs[first + i, t]) for i, t in enumerate(sequence[scored:end]))
+        scored = end
+    return out
+
+
+def test_scores_match_a_direct_float64_computation(spec):
+    """Real documents (WinoGrande sentences, a WikiText page over several 128-token windows): Min-K% at two k and
+    the zlib ratio from DocMembership against the float64 reference's token log-probs."""
+    tokenizer, model = load_tokenizer(spec), load_model(spec)
+    model64 = float64_copy(model)
+    texts = native_queries("winogrande", DATA)[:4] + [native_queries("wikitext", DATA)[1][:2500]]
+    batch = pa.table({"task": ["t"] * len(texts), "doc_id": list(range(len(texts))), "text": texts,
+                      "path": ["t"] * len(texts)})
+    for k in (20.0, 50.0):
+        rows = DocMembership(spec, 128, k)(batch)
+        for i, text in enumerate(texts):
+            lp = np.array(reference_token_logprobs(model64, tokenizer, text, 128))
+            assert rows["tokens"][i].as_py() == len(lp)
+            count = max(1, int(len(lp) * k / 100))
+            assert rows["min_k_prob"][i].as_py() == pytest.approx(float(np.sort(lp)[:count].mean()), abs=1e-5)
+            assert rows["nll"][i].as_py() == pytest.approx(-math.fsum(lp), rel=1e-6)
+            expected_zlib = -lp.mean() / len(zlib.compress(text.encode("utf-8")))
+            assert rows["zlib_ratio"][i].as_py() == pytest.approx(expected_zlib, rel=1e-6)
+    assert rows["tokens"][4].as_py() > 3 * 128  # the page really spans windows
+
+
+def test_cli_membership_on_a_choice_and_a_rolling_task(tiny_llama, tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli("membership", "--model", str(tiny_llama), "--tasks", "winogrande,wikitext", "--data-dir",
+                   str(DATA), "--limit", "1", "--k", "10", "--max-length", "64", "--output", str(out),
+                   "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Min-10% mean" in proc.stdout and "Weak, model-side evidence" in proc.stdout
+    report = json.loads((out / "membership.json").read_text())
+    rows = pq.read_table(out / "membership.parquet")
+    assert rows["task"].to_pylist() == ["winogrande", "wikitext"] and rows["doc_id"].to_pylist() == [0, 0]
+    spec = ModelSpec(str(tiny_llama), device="cpu")
+    texts = native_queries("winogrande", DATA)[:1] + native_queries("wikitext", DATA)[:1]
+    batch = pa.table({"task": rows["task"], "doc_id": rows["doc_id"], "text": texts, "path": rows["task"]})
+    expected = DocMembership(spec, 64, 10.0)(batch)
+    assert rows["min_k_prob"].to_pylist() == pytest.approx(expected["min_k_prob"].to_pylist(), rel=1e-9)
+    assert rows["zlib_ratio"].to_pylist() == pytest.approx(expected["zlib_ratio"].to_pylist(), rel=1e-9)
+    wg = report["tasks"]["winogrande"]
+    assert wg["documents"] == 1 and wg["min_k_prob_mean"] == pytest.approx(expected["min_k_prob"][0].as_py(),
+                                                                            rel=1e-9)
+    assert report["tasks"]["wikitext"]["tokens"] == rows["tokens"][1].as_py() > 1000
+    assert report["k"] == 10.0 and report["config"]["command"] == "membership"
+    proc = run_cli("membership", "--model", str(tiny_llama), "--tasks", "winogrande", "--data-dir", str(DATA),
+                   "--k", "0", "--output", str(tmp_path / "bad"), "--no-progress")
+    assert proc.returncode == 2 and "--k must be a percentage in (0, 100], got 0.0" in proc.stderr
