@@ -381,7 +381,7 @@ def test_eval_actor_falls_back_for_remote_code_that_ignores_position_ids(zoo, re
     import raylm.cluster.actors as actors
 
     model = remote_model(zoo, "llama", ignore_positions=True)
-    monkeypatch.setattr(actors, "load_model", lambda spec: model)
+    monkeypatch.setattr(actors, "load_model", lambda spec, **_: model)
     actor = ScoringActor(zoo.spec("llama"), 1, None)
     first = actor.score("multiple_choice", real_table.slice(0, 40))  # HellaSwag's documents end at row 40
     second = actor.score("multiple_choice", real_table.slice(40))
@@ -397,7 +397,7 @@ def test_eval_actor_packs_remote_code_that_passes(zoo, real, real_table, monkeyp
     import raylm.cluster.actors as actors
 
     model = remote_model(zoo, "mistral")
-    monkeypatch.setattr(actors, "load_model", lambda spec: model)
+    monkeypatch.setattr(actors, "load_model", lambda spec, **_: model)
     actor = ScoringActor(zoo.spec("mistral"), 1, None)
     scored = actor.score("multiple_choice", real_table)
     assert scored.prefix_sharing.startswith("packed (start-up check") and actor.scorer.packed_rows > 0
@@ -409,7 +409,7 @@ def test_eval_actor_packs_remote_code_that_passes(zoo, real, real_table, monkeyp
 def test_corpus_actor_falls_back_for_remote_code_that_ignores_position_ids(zoo, encoder, corpus_texts,
                                                                           monkeypatch):
     model = remote_model(zoo, "llama", ignore_positions=True)
-    monkeypatch.setattr(doc_scoring, "load_model", lambda spec: model)
+    monkeypatch.setattr(doc_scoring, "load_model", lambda spec, **_: model)
     docs = DocPerplexity(zoo.spec("llama"), max_length=MAX_LENGTH, stride=STRIDE)
     out = docs(pa.table({"text": corpus_texts, "path": ["mem"] * len(corpus_texts)}))
     verdicts = set(out[PREFIX_SHARING_COLUMN].to_pylist())
