@@ -45,6 +45,9 @@ TASKS = ("hellaswag", "winogrande")
 TINY_ROWS = 32
 MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
 
+COLUMNS = ["requests", "max ΔLL", "max ΔLL/LL", "differ", "tie", "1 step", "other (gap)", "raylm vs f32",
+           "lm-eval vs f32"]
+
 Logliks = dict[int, list[float]]
 
 
@@ -106,13 +109,13 @@ def grid_step(value: float, dtype: str) -> float:
     return 2.0 ** (math.floor(math.log2(abs(value))) - MANTISSA_BITS[dtype])
 
 
-def compare(ours: Logliks, theirs: Logliks, f32: Logliks, dtype: str) -> list[object]:
+def compare(ours: Logliks, theirs: Logliks, f32: Logliks | None, dtype: str) -> list[object]:
+    """The table's columns after the model, dtype and task (the `vs f32` ones "n/a" without float32 numbers)."""
     docs = sorted(theirs)
     if sorted(ours) != docs:
         sys.exit(f"the tools scored different documents ({len(ours)} vs {len(docs)})")
     a = np.array([x for d in docs for x in ours[d]])
     b = np.array([x for d in docs for x in theirs[d]])
-    ref = np.array([x for d in docs for x in f32[d]])
     diff = np.abs(a - b)
     differ = ties = steps = 0
     gaps = []
@@ -129,8 +132,13 @@ def compare(ours: Logliks, theirs: Logliks, f32: Logliks, dtype: str) -> list[ob
         else:
             gaps.append(gap)
     other = f"{len(gaps)} ({max(gaps):.3g})" if gaps else "0"
+    if f32 is None:
+        near = ["n/a", "n/a"]
+    else:
+        ref = np.array([x for d in docs for x in f32[d]])
+        near = [float(np.abs(a - ref).mean()), float(np.abs(b - ref).mean())]
     return [len(a), float(diff.max()), float((diff / np.abs(b).clip(min=1e-9)).max()), f"{differ}/{len(docs)}",
-            ties, steps, other, float(np.abs(a - ref).mean()), float(np.abs(b - ref).mean())]
+            ties, steps, other, *near]
 
 
 def main() -> None:
@@ -161,8 +169,7 @@ def main() -> None:
                 table.append([name, dtype, task, *compare(ours[task], theirs[task], f32[task], dtype)])
                 print(f"done: {name} {dtype} {task}", file=sys.stderr, flush=True)
     print_table(f"raylm vs lm-evaluation-harness 0.4.13 at low precision, CPU (runs kept in {work})",
-                ["model", "dtype", "task", "requests", "max ΔLL", "max ΔLL/LL", "differ", "tie", "1 step",
-                 "other (gap)", "raylm vs f32", "lm-eval vs f32"], table)
+                ["model", "dtype", "task", *COLUMNS], table)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ loader (from_pretrained), shared across the tests of this module.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -233,6 +234,30 @@ def test_negative_controls_a_wrong_window_is_caught(zoo, real, family, record_pr
         wrong = score(Scorer(model, MAX_LENGTH, plan=replace(plan, masks=masks)), real)
         record_property(f"max_abs_{label}", float(np.abs(wrong - alone).max()))
         assert np.abs(wrong - alone).max() > WRONG, label
+
+
+@pytest.mark.parametrize("family", WINDOWED)
+def test_at_bfloat16_the_startup_check_passes_the_right_layout_and_fails_every_wrong_one(zoo, real, family,
+                                                                                       record_property):
+    """bfloat16's noise is far above float32's, so the start-up check's bfloat16 tolerance is looser: loose enough
+    for the right layout, still tight enough that each wrong one is refused (its margin is in startup_check.py)."""
+    model = copy.deepcopy(zoo.model(family)).to(torch.bfloat16)
+    plan = replace(attention_plan(model), needs_check=True)
+    first = (real[0][:8], real[1][:8], real[2][:8])
+    right = packing_check(model, MAX_LENGTH, plan, first)
+    assert right.agrees, right.verdict()
+    for label, masks in wrong_layouts(plan).items():
+        wrong = packing_check(model, MAX_LENGTH, replace(plan, masks=masks), first)
+        record_property(f"max_abs_{label}", wrong.max_abs)
+        assert not wrong.agrees, f"{label}: {wrong.verdict()}"
+
+
+def test_at_bfloat16_a_trained_model_passes_the_startup_check(real):
+    """stories260K (real logits, up to 21) passes the check it would get if its class were unproven."""
+    model = load_model(ModelSpec(str(STORIES), dtype="bfloat16", device="cpu"))
+    result = packing_check(model, MAX_LENGTH, replace(attention_plan(model), needs_check=True),
+                           (real[0][:8], real[1][:8], real[2][:8]))
+    assert result.agrees and result.packed_rows > 0, result.verdict()
 
 
 @pytest.mark.parametrize("family", ALIBI)
