@@ -36,7 +36,8 @@ step() {  # step CAP_S COMMAND...: run within min(CAP_S, what is left of GPU_CHE
 step 200 "$PYTHON" bench/gpu_numerics.py hellaswag --data "$DATA"
 step 90 "$PYTHON" bench/gpu_numerics.py load --data "$DATA"
 step 70 "$PYTHON" bench/gpu_numerics.py max-length
-echo "| shape | dtype | docs | requests | tokenise s | score s | docs/s | tokens/s | TFLOP/s | MFU (790) | final budget |"
+printf '%s\n' "| shape | dtype | docs | requests | tokenise s | score s | docs/s | tokens/s | TFLOP/s | MFU (790) |"\
+" final budget |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for shape in gpt2-small llama-1b; do
   step 60 "$PYTHON" bench/gpu_driver.py --shape "$shape" --docs "$DOCS" --device cuda

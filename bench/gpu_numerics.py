@@ -145,8 +145,8 @@ def check_hellaswag(args) -> None:
         return
     lmeval, lmeval_s = theirs
     row = compare(per_doc(packed, doc_ids), per_doc(lmeval, doc_ids), None, args.dtype)
-    print(f"\n## raylm vs lm-eval {args.dtype} HFLM on the same model: lm-eval {lmeval_s:.1f} s, raylm {packed_s:.1f} s "
-          f"({lmeval_s / packed_s:.2f}x)\n")
+    print(f"\n## raylm vs lm-eval {args.dtype} HFLM on the same model: lm-eval {lmeval_s:.1f} s, raylm "
+          f"{packed_s:.1f} s ({lmeval_s / packed_s:.2f}x)\n")
     print("| " + " | ".join(COLUMNS[:7]) + " |")
     print("|" + "---|" * 7)
     print("| " + " | ".join(f"{c:.3g}" if isinstance(c, float) else str(c) for c in row[:7]) + " |")

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_as_on_the_device(script: str, *args: str) -> subprocess.CompletedProcess:
     path = ROOT / "bench" / script
     as_on_the_device = ("import runpy, sys; sys.modules.update(ray=None, datasets=None); "
-                        f"sys.argv = [{str(path)!r}, *{list(args)!r}]; runpy.run_path(sys.argv[0], run_name='__main__')")
+                        f"sys.argv = [{str(path)!r}, *{list(args)!r}]; "
+                        "runpy.run_path(sys.argv[0], run_name='__main__')")
     proc = subprocess.run([sys.executable, "-c", as_on_the_device], capture_output=True, text=True, timeout=300,
                           cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]

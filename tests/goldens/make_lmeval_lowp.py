@@ -9,6 +9,7 @@ small; the commands and versions go in with them.
 
     python tests/goldens/make_lmeval_lowp.py                      # needs the test extra (lm-eval); ~30 min on 2 cores
     python tests/goldens/make_lmeval_lowp.py --models tiny:llama --out /tmp/x.json
+    python tests/goldens/make_lmeval_lowp.py --work /tmp/lowp     # resumable: lm-eval outputs there are reused
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from lowp_goldens import GOLDEN, TASKS, model_dir, requests_digest, weights_dige
 LMEVAL_REF = SHARED / "golden" / "make" / "lmeval_ref.py"
 LMEVAL_AT_DTYPE = REPO / "bench" / "lmeval_at_dtype.py"
 ROWS = {"stories260K": 60, "tiny": 16}  # documents per task; tiny models: HellaSwag's doc 32 does not fit 128 tokens
+# lm-eval 0.4.13 finds no context length in MPT's config (it is `max_seq_len`), feeds the tiny MPT 2048-token inputs
+# and crashes at its 128-position ALiBi bias; raylm reads max_seq_len. No lm-eval numbers exist for it to match.
+LMEVAL_CANNOT = {"tiny:mpt"}
 
 
 def cpu_name() -> str:
@@ -44,10 +48,13 @@ def cpu_name() -> str:
 
 
 def lmeval(model: Path, dtype: str, rows: int, out: Path) -> tuple[list[str], dict]:
+    """lm-eval's output for the model at dtype; an output already in the work directory is reused."""
     cmd = [sys.executable, str(LMEVAL_AT_DTYPE), dtype, str(LMEVAL_REF), str(model), ",".join(TASKS), str(out),
            "--limit", str(rows)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "RAYLM_DATA": str(DATA),
            "TOKENIZERS_PARALLELISM": "false"}
+    if out.exists():
+        return cmd, json.loads(out.read_text())
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"lm-eval failed on {model} at {dtype}:\n{proc.stderr[-3000:]}")
@@ -59,11 +66,14 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(["stories260K", *(f"tiny:{f}" for f in fam.FAMILIES)]))
+    parser.add_argument("--models", default=",".join(["stories260K", *(f"tiny:{f}" for f in fam.FAMILIES
+                                                                       if f"tiny:{f}" not in LMEVAL_CANNOT)]))
     parser.add_argument("--dtypes", default="bfloat16,float16")
     parser.add_argument("--out", type=Path, default=GOLDEN)
+    parser.add_argument("--work", type=Path, help="lm-eval outputs and models: kept, and reused by a rerun")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="raylm-lowp-goldens-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="raylm-lowp-goldens-"))
+    work.mkdir(parents=True, exist_ok=True)
     golden = {"made_by": f"python {Path(__file__).relative_to(REPO)}", "date": datetime.date.today().isoformat(),
               "machine": cpu_name(),
               "versions": {name: metadata.version(name) for name in ("lm_eval", "torch", "transformers")},
@@ -82,6 +92,8 @@ def main() -> None:
             entry[dtype] = {"command": " ".join(Path(c).name if "/" in c else c for c in cmd[1:]), **tasks}
             print(f"{name} {dtype}: done", file=sys.stderr, flush=True)
         golden["models"][name] = entry
+    golden["lmeval_cannot"] = {name: "lm-eval 0.4.13 reads no context length from MPT's config (max_seq_len)"
+                               for name in sorted(LMEVAL_CANNOT)}
     args.out.write_text(json.dumps(golden, separators=(",", ":")) + "\n")
     print(f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB)")
 
