@@ -90,8 +90,9 @@ def run(cmd: list[str], label: str) -> None:
     proc = subprocess.run(cmd, env=env(), capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"{label} failed ({proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr, flush=True)
-        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        raise RunFailed(f"{label} failed: {last[:100]}")
+        lines = proc.stderr.strip().splitlines() or ["?"]
+        error = next((line for line in reversed(lines) if "Error" in line), lines[-1])
+        raise RunFailed(f"{label} failed: {error.strip()[:100]}")
 
 
 def lmeval_run(model: Path, dtype: str, rows: int, out: Path) -> dict[str, Logliks]:
@@ -174,7 +175,7 @@ def main() -> None:
                 theirs = lmeval_run(model, dtype, rows, work / f"lmeval-{tag}-{dtype}-{rows}.json")
                 ours = raylm_run(model, dtype, rows, work / f"raylm-{tag}-{dtype}-{rows}")
             except RunFailed as e:
-                table.append([name, dtype, "-", str(e)] + [""] * (len(COLUMNS) - 1))
+                table.append([name, dtype, str(e)] + [""] * len(COLUMNS))
                 continue
             for task in TASKS:
                 table.append([name, dtype, task, *compare(ours[task], theirs[task], f32[task], dtype)])
