@@ -92,7 +92,7 @@ def run(cmd: list[str], label: str) -> None:
         print(f"{label} failed ({proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr, flush=True)
         lines = proc.stderr.strip().splitlines() or ["?"]
         error = next((line for line in reversed(lines) if "Error" in line), lines[-1])
-        raise RunFailed(f"{label} failed: {error.strip()[:100]}")
+        raise RunFailed(f"{label} failed: {error.strip()[:70]}")
 
 
 def lmeval_run(model: Path, dtype: str, rows: int, out: Path) -> dict[str, Logliks]:

@@ -192,3 +192,12 @@ def test_the_cpu_is_given_no_device_map(family, monkeypatch):
     assert "device_map" not in seen and input_device(model) == torch.device("cpu")
     with pytest.raises(RaylmError, match="only on CUDA devices"):
         load_model(ModelSpec(str(tiny_llama), dtype="float32", device="cpu"), gpus=2)
+
+
+def test_outside_an_actor_or_on_cpu_a_model_is_not_spread():
+    """Only an actor Ray gave several GPUs spreads its model (Ray's GPU ids there); tests, the driver, a CPU spec
+    and the fake-GPU drill (which moves the spec to the CPU) load onto one device."""
+    from raylm.cluster.devices import assigned_gpus
+
+    assert assigned_gpus(ModelSpec("unused", device="cuda")) == 1
+    assert assigned_gpus(ModelSpec("unused", device="cpu")) == 1
