@@ -9,6 +9,7 @@ loader (from_pretrained), shared across the tests of this module.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -235,6 +236,30 @@ def test_negative_controls_a_wrong_window_is_caught(zoo, real, family, record_pr
         assert np.abs(wrong - alone).max() > WRONG, label
 
 
+@pytest.mark.parametrize("family", WINDOWED)
+def test_at_bfloat16_the_startup_check_passes_the_right_layout_and_fails_every_wrong_one(zoo, real, family,
+                                                                                       record_property):
+    """bfloat16's noise is far above float32's, so the start-up check's bfloat16 tolerance is looser: loose enough
+    for the right layout, still tight enough that each wrong one is refused (its margin is in startup_check.py)."""
+    model = copy.deepcopy(zoo.model(family)).to(torch.bfloat16)
+    plan = replace(attention_plan(model), needs_check=True)
+    first = (real[0][:8], real[1][:8], real[2][:8])
+    right = packing_check(model, MAX_LENGTH, plan, first)
+    assert right.agrees, right.verdict()
+    for label, masks in wrong_layouts(plan).items():
+        wrong = packing_check(model, MAX_LENGTH, replace(plan, masks=masks), first)
+        record_property(f"max_abs_{label}", wrong.max_abs)
+        assert not wrong.agrees, f"{label}: {wrong.verdict()}"
+
+
+def test_at_bfloat16_a_trained_model_passes_the_startup_check(real):
+    """stories260K (real logits, up to 21) passes the check it would get if its class were unproven."""
+    model = load_model(ModelSpec(str(STORIES), dtype="bfloat16", device="cpu"))
+    result = packing_check(model, MAX_LENGTH, replace(attention_plan(model), needs_check=True),
+                           (real[0][:8], real[1][:8], real[2][:8]))
+    assert result.agrees and result.packed_rows > 0, result.verdict()
+
+
 @pytest.mark.parametrize("family", ALIBI)
 def test_negative_controls_packing_an_alibi_family_is_wrong(zoo, real, family):
     """Why ALiBi families are unpacked: forced packing raises or scores garbage, and the start-up check says so."""
@@ -381,7 +406,7 @@ def test_eval_actor_falls_back_for_remote_code_that_ignores_position_ids(zoo, re
     import raylm.cluster.actors as actors
 
     model = remote_model(zoo, "llama", ignore_positions=True)
-    monkeypatch.setattr(actors, "load_model", lambda spec: model)
+    monkeypatch.setattr(actors, "load_model", lambda spec, **_: model)
     actor = ScoringActor(zoo.spec("llama"), 1, None)
     first = actor.score("multiple_choice", real_table.slice(0, 40))  # HellaSwag's documents end at row 40
     second = actor.score("multiple_choice", real_table.slice(40))
@@ -397,7 +422,7 @@ def test_eval_actor_packs_remote_code_that_passes(zoo, real, real_table, monkeyp
     import raylm.cluster.actors as actors
 
     model = remote_model(zoo, "mistral")
-    monkeypatch.setattr(actors, "load_model", lambda spec: model)
+    monkeypatch.setattr(actors, "load_model", lambda spec, **_: model)
     actor = ScoringActor(zoo.spec("mistral"), 1, None)
     scored = actor.score("multiple_choice", real_table)
     assert scored.prefix_sharing.startswith("packed (start-up check") and actor.scorer.packed_rows > 0
@@ -409,7 +434,7 @@ def test_eval_actor_packs_remote_code_that_passes(zoo, real, real_table, monkeyp
 def test_corpus_actor_falls_back_for_remote_code_that_ignores_position_ids(zoo, encoder, corpus_texts,
                                                                           monkeypatch):
     model = remote_model(zoo, "llama", ignore_positions=True)
-    monkeypatch.setattr(doc_scoring, "load_model", lambda spec: model)
+    monkeypatch.setattr(doc_scoring, "load_model", lambda spec, **_: model)
     docs = DocPerplexity(zoo.spec("llama"), max_length=MAX_LENGTH, stride=STRIDE)
     out = docs(pa.table({"text": corpus_texts, "path": ["mem"] * len(corpus_texts)}))
     verdicts = set(out[PREFIX_SHARING_COLUMN].to_pylist())

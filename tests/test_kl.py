@@ -1,10 +1,13 @@
-"""KLScorer against a float64 one-request-at-a-time reference, and the shared-tokenizer check."""
+"""KLScorer against a float64 one-request-at-a-time reference; the shared-tokenizer check; models that share a
+tokenizer but not a logits width; the out-of-memory fallback."""
 
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from conftest import GPT2_TOKENIZER, STORIES
@@ -12,8 +15,10 @@ from reference import float64_copy
 from reference_corpus import reference_kl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from raylm.corpus.run import check_same_tokenizer
+from raylm.corpus.doc_scoring import DocKL
+from raylm.corpus.run import CorpusConfig, check_same_tokenizer, resolve_lengths
 from raylm.errors import RaylmError
+from raylm.models.spec import ModelSpec
 from raylm.scoring.kl import KLScorer
 
 MAX_LENGTH = 128
@@ -80,3 +85,93 @@ def test_tokenizers_must_match():
     without_bos = AutoTokenizer.from_pretrained(STORIES, add_bos_token=False)
     with pytest.raises(RaylmError, match="encode the same text differently"):
         check_same_tokenizer(stories, without_bos, "a", "b")
+
+
+@pytest.fixture(scope="module")
+def padded_twin(tiny_llama, tmp_path_factory):
+    """tiny_llama with its embedding and LM head padded from 512 to 576 rows, as Pythia's larger sizes pad theirs:
+    the same model on every tokenizer id, 64 more ids no text is encoded to."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    model.resize_token_embeddings(576, mean_resizing=False)
+    path = tmp_path_factory.mktemp("padded-twin")
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(STORIES).save_pretrained(path)
+    return path
+
+
+def test_models_of_different_logits_widths_compare_over_the_shared_ids(tiny_llama, padded_twin):
+    """Over the tokenizer's 512 ids, renormalised there, the padded twin is the same distribution: KL 0, the same
+    NLLs. Over all ids the comparison is refused rather than broadcast."""
+    p = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    q = AutoModelForCausalLM.from_pretrained(padded_twin).eval()
+    contexts, continuations = requests(6)
+    scores = KLScorer(p, q, MAX_LENGTH, width=512).score(contexts, continuations)
+    np.testing.assert_allclose(scores.kl, 0, atol=1e-5)
+    np.testing.assert_allclose(scores.nll_q, scores.nll_p, rtol=1e-6)
+    assert np.all(scores.disagree == 0)
+    with pytest.raises(RaylmError, match="logits are 512 and 576 ids wide"):
+        KLScorer(p, q, MAX_LENGTH).score(contexts, continuations)
+
+
+def no_weights_copy(source, tmp_path, vocab_size: int):
+    """A model directory with `source`'s config at another logits width and tokenizer, and weights that cannot
+    load: anything that reads them fails."""
+    path = tmp_path / f"vocab-{vocab_size}"
+    path.mkdir()
+    config = json.loads((source / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "vocab_size": vocab_size}))
+    (path / "model.safetensors").write_bytes(b"not weights")
+    AutoTokenizer.from_pretrained(STORIES).save_pretrained(path)
+    return path
+
+
+def test_kl_width_is_decided_from_the_configs_before_any_weights_load(tiny_llama, tmp_path):
+    spec_p = ModelSpec(str(tiny_llama))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("Once upon a time there was a cat.\n")
+    wider = CorpusConfig(spec_p, str(corpus), model_b=ModelSpec(str(no_weights_copy(tiny_llama, tmp_path, 576))))
+    assert resolve_lengths(wider)[3] == 512
+    same = CorpusConfig(spec_p, str(corpus), model_b=spec_p)
+    assert resolve_lengths(same)[3] is None
+    narrower = CorpusConfig(spec_p, str(corpus), model_b=ModelSpec(str(no_weights_copy(tiny_llama, tmp_path, 500))))
+    with pytest.raises(RaylmError, match=r"vocab-500' scores 500 ids, fewer than the 512 of the tokenizer both "
+                                         r"models share \('.*tiny-llama.*' scores 512\)"):
+        resolve_lengths(narrower)
+
+
+def test_the_corpus_kl_actor_compares_padded_twins_over_the_tokenizer_ids(tiny_llama, padded_twin):
+    """DocKL, the code `raylm kl` actors run, in-process: the width the driver decided reaches the scorer."""
+    texts = ["Once upon a time there was a little cat. " * 8, "The sun was hot and the dog was happy."]
+    spec_p, spec_q = ModelSpec(str(tiny_llama), "float32", "cpu"), ModelSpec(str(padded_twin), "float32", "cpu")
+    out = DocKL(spec_p, spec_q, MAX_LENGTH, MAX_LENGTH, 0, 512)(pa.table({"text": texts, "path": ["mem"] * 2}))
+    np.testing.assert_allclose(out["kl"].to_numpy(), 0, atol=1e-5)
+    assert out["nll_q"].to_pylist() == pytest.approx(out["nll_p"].to_pylist(), rel=1e-6)
+
+
+class OutOfMemoryAbove(torch.nn.Module):
+    """Raises CUDA's out-of-memory error for any batch of more than `limit` tokens, like a small GPU would."""
+
+    def __init__(self, model, limit: int):
+        super().__init__()
+        self.model, self.limit = model, limit
+
+    def get_input_embeddings(self):
+        return self.model.get_input_embeddings()
+
+    def forward(self, input_ids, **kwargs):
+        if input_ids.numel() > self.limit:
+            raise torch.cuda.OutOfMemoryError("fake: out of memory")
+        return self.model(input_ids=input_ids, **kwargs)
+
+
+def test_out_of_memory_halves_the_kl_budget_and_loses_nothing(models):
+    p, q = models
+    contexts, continuations = requests(10)
+    expected = KLScorer(p, q, MAX_LENGTH, token_budget=2048).score(contexts, continuations)
+    scorer = KLScorer(OutOfMemoryAbove(p, 400), q, MAX_LENGTH, token_budget=2048)
+    got = scorer.score(contexts, continuations)
+    assert scorer.token_budget == 256
+    np.testing.assert_allclose(got.kl, expected.kl, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got.nll_p, expected.nll_p, rtol=1e-6)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        KLScorer(OutOfMemoryAbove(p, 10), q, MAX_LENGTH).score([[1] * 20], [[5, 6]])

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import ray
 import torch
 
-from raylm.cluster.devices import device_here
+from raylm.cluster.devices import assigned_gpus, device_here
 from raylm.cluster.failures import DeferredStartup
 from raylm.cluster.scored import ScoredShard
 from raylm.models.context import context_length
@@ -65,7 +65,8 @@ class ScoringActor(DeferredStartup):
         if resolve_scorer(spec, config) == "mlm":
             self.scorer: Scorer | MaskedScorer = MaskedScorer.from_spec(spec, batch_size)
         else:
-            self.scorer = Scorer(load_model(spec), context_length(spec, config, "causal"), batch_size)
+            self.scorer = Scorer(load_model(spec, gpus=assigned_gpus(spec)), context_length(spec, config, "causal"),
+                                 batch_size)
 
     def ready(self) -> int:
         """The actor's PID: proof of life once the model is loaded, and what fault-injection tests kill."""

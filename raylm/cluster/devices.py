@@ -45,3 +45,12 @@ def fake_gpus() -> bool:
     if text not in ("", "0", "1"):
         raise RaylmError(f"{FAKE_GPUS_ENV} must be 1 (or 0, or unset), got {text!r}")
     return text == "1"
+
+
+def assigned_gpus(spec: ModelSpec) -> int:
+    """How many GPUs the model of `spec` (as device_here placed it) may be spread over in this process: the whole
+    GPUs Ray assigned this actor (it sets CUDA_VISIBLE_DEVICES to exactly those, so they are devices 0..n-1 here).
+    1 for a spec on CPU (the fake-GPU drill included), a fractional share, or code outside an actor (tests)."""
+    if spec.device == "cpu" or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return 1
+    return max(1, len(ray.get_gpu_ids()))

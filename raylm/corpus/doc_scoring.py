@@ -15,9 +15,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from raylm.cluster.devices import device_here
+from raylm.cluster.devices import assigned_gpus, device_here
 from raylm.cluster.failures import DeferredStartup
 from raylm.corpus.read import document_texts
+from raylm.models.devices import WEIGHTS_FRACTION, gpu_budget
 from raylm.models.loading import load_model, load_tokenizer
 from raylm.models.spec import ModelSpec
 from raylm.requests.encoding import Encoder
@@ -85,7 +86,8 @@ class DocPerplexity(DeferredStartup):
         if threads:
             torch.set_num_threads(threads)
         self.encoder = Encoder(load_tokenizer(spec), max_length)
-        self.scorer = Scorer(load_model(device_here(spec)), max_length)
+        spec = device_here(spec)
+        self.scorer = Scorer(load_model(spec, gpus=assigned_gpus(spec)), max_length)
         self.stride = stride
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -127,11 +129,19 @@ class DocPseudoPerplexity(DeferredStartup):
 class DocKL(DeferredStartup):
     """KL(P || Q) per document, P = spec_p and Q = spec_q both resident in this one process."""
 
-    def start(self, spec_p: ModelSpec, spec_q: ModelSpec, max_length: int, stride: int, threads: int = 0) -> None:
+    def start(self, spec_p: ModelSpec, spec_q: ModelSpec, max_length: int, stride: int, threads: int = 0,
+              width: int | None = None) -> None:
+        """`width`: the ids both distributions are compared over (raylm.corpus.run.kl_width)."""
         if threads:
             torch.set_num_threads(threads)
         self.encoder = Encoder(load_tokenizer(spec_p), max_length)
-        self.scorer = KLScorer(load_model(device_here(spec_p)), load_model(device_here(spec_q)), max_length)
+        spec_p, spec_q = device_here(spec_p), device_here(spec_q)
+        gpus = assigned_gpus(spec_p)
+        # Two models over one actor's GPUs: each may take half of what one model would (budgets read before
+        # either loads, while the GPUs are empty).
+        budgets = [gpu_budget(gpus, WEIGHTS_FRACTION / 2)] * 2 if gpus > 1 else [None, None]
+        self.scorer = KLScorer(load_model(spec_p, budget=budgets[0]), load_model(spec_q, budget=budgets[1]),
+                               max_length, width=width)
         self.stride = stride
 
     def __call__(self, batch: pa.Table) -> pa.Table:

@@ -29,7 +29,7 @@ from raylm.corpus.read import DEFAULT_DOCS_PER_BATCH, FORMATS, read_corpus
 from raylm.errors import RaylmError
 from raylm.models.context import context_length
 from raylm.models.identity import pin_revision, scored_commit
-from raylm.models.loading import load_config, load_tokenizer, resolve_scorer
+from raylm.models.loading import load_config, load_tokenizer, resolve_scorer, text_config
 from raylm.models.spec import ModelSpec, check_model_path
 from raylm.requests.masked import MaskedEncoder
 from raylm.results.atomic import write_atomic
@@ -85,6 +85,7 @@ class CorpusResult:
     commits: list[str | None]  # per model (P, then Q for kl): the hub commit scored, None for a local directory
     prefix_sharing: str | list[str] | None = None
     scorer: str = "causal"
+    kl_width: int | None = None  # KL over the first kl_width ids (models of different logits widths); None: all
 
     @property
     def label(self) -> str:
@@ -115,8 +116,29 @@ def check_same_tokenizer(a, b, name_a: str, name_b: str) -> None:
                          "KL needs models that share a tokenizer")
 
 
-def resolve_lengths(cfg: CorpusConfig) -> tuple[int, int, str]:
-    """(max_length, stride, scorer): --max-length may shorten the model's context, never extend it.
+def logits_width(spec: ModelSpec) -> int:
+    """How many ids the model's LM head scores, from its config (the embedding rows it was saved with)."""
+    return text_config(load_config(spec)).vocab_size
+
+
+def kl_width(tokenizer, spec_p: ModelSpec, spec_q: ModelSpec) -> int | None:
+    """The ids KL compares over, from the configs, before any weights load: None when both models' logits are as
+    wide; else the narrower width, which must cover every id of the tokenizer they share (Pythia's sizes pad their
+    embeddings to different widths; the rows past the tokenizer's ids are padding no text is encoded to)."""
+    width_p, width_q = logits_width(spec_p), logits_width(spec_q)
+    if width_p == width_q:
+        return None
+    (narrow, narrow_path), (wide, wide_path) = sorted([(width_p, spec_p.path), (width_q, spec_q.path)])
+    if len(tokenizer) > narrow:
+        raise RaylmError(f"'{narrow_path}' scores {narrow} ids, fewer than the {len(tokenizer)} of the tokenizer both "
+                         f"models share ('{wide_path}' scores {wide}): KL needs both distributions over every id")
+    log.info("the models' logits are %d and %d ids wide: KL compares them over the first %d (every tokenizer id), "
+             "each distribution renormalised over those", width_p, width_q, narrow)
+    return narrow
+
+
+def resolve_lengths(cfg: CorpusConfig) -> tuple[int, int, str, int | None]:
+    """(max_length, stride, scorer, KL width): --max-length may shorten the model's context, never extend it.
 
     A masked LM's stride is the number of tokens each window scores, at most what a window holds besides its
     special tokens; the default, or a stride of the whole max length, is exactly that (disjoint spans)."""
@@ -127,7 +149,10 @@ def resolve_lengths(cfg: CorpusConfig) -> tuple[int, int, str]:
             raise RaylmError("raylm kl compares causal LMs' next-token distributions; "
                              f"'{cfg.model.path if scorer == 'mlm' else cfg.model_b.path}' is a masked LM")
         check_same_tokenizer(tokenizer, tokenizer_b, cfg.model.path, cfg.model_b.path)
+        width = kl_width(tokenizer, cfg.model, cfg.model_b)
         limit = min(limit, limit_b)
+    else:
+        width = None
     max_length = cfg.max_length or limit
     if max_length > limit:
         raise RaylmError(f"--max-length {max_length} exceeds the model's context length {limit}")
@@ -139,7 +164,7 @@ def resolve_lengths(cfg: CorpusConfig) -> tuple[int, int, str]:
             stride = min(stride, MaskedEncoder(tokenizer, max_length).room)
         except ValueError as e:
             raise RaylmError(str(e)) from e
-    return max_length, stride, scorer
+    return max_length, stride, scorer, width
 
 
 def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
@@ -153,7 +178,7 @@ def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
     # Actors of the pool may start at different times: each must load the same commit of a hub model.
     cfg = replace(cfg, model=pin_revision(cfg.model),
                   model_b=pin_revision(cfg.model_b) if cfg.model_b is not None else None)
-    max_length, stride, scorer = resolve_lengths(cfg)
+    max_length, stride, scorer, width = resolve_lengths(cfg)
     # CPU actors leave one CPU to Ray Data's read tasks, or the stream would stall with every CPU held by an
     # actor waiting for input.
     connect(min_cpus=local_cpus_needed(cfg.actors, READ_CPUS))
@@ -166,7 +191,7 @@ def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
         args = (recipe.spec, max_length, stride, recipe.threads)
     else:
         model_b = replace(cfg.model_b, device=recipe.spec.device)
-        fn, args = DocKL, (recipe.spec, model_b, max_length, stride, recipe.threads)
+        fn, args = DocKL, (recipe.spec, model_b, max_length, stride, recipe.threads, width)
     scored = ds.map_batches(fn, fn_constructor_args=args, batch_size=cfg.docs_per_batch, batch_format="pyarrow",
                             compute=ray.data.ActorPoolStrategy(size=n), num_cpus=recipe.num_cpus,
                             num_gpus=recipe.num_gpus)
@@ -175,7 +200,7 @@ def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
     metrics = {"ppl": ppl_metrics, "pseudo_ppl": pseudo_ppl_metrics, "kl": kl_metrics}[label](sums)
     sharing = {"ppl": prefix_sharing(verdicts), "pseudo_ppl": MASKED_PREFIX_SHARING, "kl": KL_PREFIX_SHARING}[label]
     commits = [scored_commit(m) for m in (cfg.model, cfg.model_b) if m]
-    result = CorpusResult(asked, metrics, max_length, stride, time.time() - start, commits, sharing, scorer)
+    result = CorpusResult(asked, metrics, max_length, stride, time.time() - start, commits, sharing, scorer, width)
     write_atomic(out_dir / RESULTS, json.dumps(results_dict(result), indent=2, default=str).encode())
     return result
 
@@ -248,5 +273,6 @@ def results_dict(result: CorpusResult) -> dict[str, Any]:
             **{k: v for k, v in asdict(cfg).items() if k not in ("model", "model_b", "max_length", "stride")},
             max_length=result.max_length, stride=result.stride, prefix_sharing=result.prefix_sharing,
             scorer=result.scorer, pll=cfg.model.pll if result.scorer == "mlm" else None,
-            model_commit=result.commits[0], model_b_commit=result.commits[1] if cfg.model_b else None),
+            model_commit=result.commits[0], model_b_commit=result.commits[1] if cfg.model_b else None,
+            **({"kl_width": result.kl_width} if cfg.model_b else {})),
     }

@@ -12,6 +12,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from raylm.errors import RaylmError, first_line
+from raylm.models.devices import Budget, placement_kwargs
 from raylm.models.spec import (
     PLL_VARIANTS,
     SCORERS,
@@ -133,24 +134,34 @@ def _is_remote(config, trust_remote_code: bool) -> bool:
     return trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
 
 
-def load_model(spec: ModelSpec, kind: str = "causal") -> torch.nn.Module:
-    """The model with its causal LM head, or (kind "mlm") its masked-LM head, which must be in the checkpoint."""
-    auto_class = _from_transformers("AutoModelForMaskedLM" if kind == "mlm" else "AutoModelForCausalLM")
+def load_model(spec: ModelSpec, kind: str = "causal", gpus: int = 1,
+               budget: Budget | None = None) -> torch.nn.Module:
+    """The model with its causal LM head, or (kind "mlm") its masked-LM head, which must be in the checkpoint.
+
+    Weights load straight onto the device they run on (raylm.models.devices): spread over `gpus` CUDA devices
+    when more than one, or over the devices of `budget` when given (GPUs, "cpu", "disk").
+    """
+    name = "AutoModelForMaskedLM" if kind == "mlm" else "AutoModelForCausalLM"
+    auto_class = _from_transformers(name)
 
     spec.validate()
     device = resolve_device(spec.device)
-    # Quantised weights are placed by from_pretrained itself: bitsandbytes models refuse a later `.to()`.
-    placement = {"quantization_config": quantization_config(spec.quantization), "device_map": {"": device}} \
-        if spec.quantization else {}
+    config = load_config(spec)
+    dtype = _torch_dtype(spec.dtype)
+    if spec.quantization:
+        # bitsandbytes weights are placed by from_pretrained on one device.
+        placement = {"quantization_config": quantization_config(spec.quantization), "device_map": {"": device}}
+    else:
+        placement = placement_kwargs(device, config, _planning_dtype(dtype, config), gpus, budget, name,
+                                     spec.trust_remote_code)
     # A causal LM's attention implementation is chosen here rather than left to transformers' default, because
     # whether requests may share a row depends on it (raylm.scoring.attention plans from what the model ends up
     # with). A masked LM's copies never share a row.
-    implementation = load_implementation(load_config(spec), spec.trust_remote_code) if kind == "causal" else None
+    implementation = load_implementation(config, spec.trust_remote_code) if kind == "causal" else None
     if implementation is not None:
         placement["attn_implementation"] = implementation
     try:
-        model, info = auto_class.from_pretrained(model_source(spec), revision=spec.revision,
-                                                 dtype=_torch_dtype(spec.dtype),
+        model, info = auto_class.from_pretrained(model_source(spec), revision=spec.revision, dtype=dtype,
                                                  trust_remote_code=spec.trust_remote_code,
                                                  use_safetensors=None if spec.allow_pickle else True,
                                                  output_loading_info=True, **placement)
@@ -161,8 +172,7 @@ def load_model(spec: ModelSpec, kind: str = "causal") -> torch.nn.Module:
     _use_fused_tanh_gelu(model)
     if spec.quantization:
         _avoid_unpackable_cpu_4bit(model)
-        return model.eval()
-    return model.to(device).eval()
+    return model.eval()
 
 
 def _refuse_missing_head(spec: ModelSpec, model: torch.nn.Module, missing_keys: list[str]) -> None:
@@ -231,3 +241,15 @@ def _torch_dtype(name: str):
     import torch
 
     return name if name == "auto" else getattr(torch, name)
+
+
+def _planning_dtype(dtype, config):
+    """The dtype weights will have once loaded, which a device map is sized in: "auto" is the checkpoint's own."""
+    import torch
+
+    if dtype != "auto":
+        return dtype
+    stated = getattr(text_config(config), "dtype", None) or getattr(config, "dtype", None)
+    if isinstance(stated, str):
+        stated = getattr(torch, stated, None)
+    return stated if isinstance(stated, torch.dtype) else torch.float32

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from raylm.errors import RaylmError
+from raylm.models.devices import input_device
 from raylm.scoring.attention import AttentionPlan, attention_plan
 from raylm.scoring.batching import budget_batches, halving_on_oom
 from raylm.scoring.packing import PackedRow, branch_inputs, pack, plan_groups
@@ -52,7 +53,7 @@ class Scorer:
         self.share_prefixes = share_prefixes
         self.plan = plan or attention_plan(model)
         self.packed_rows = 0  # rows holding more than one request, scored so far
-        self.device = next(model.parameters()).device
+        self.device = input_device(model)  # where token ids go: the first layer's device
         if token_budget is None:
             token_budget = GPU_START_TOKEN_BUDGET if self.device.type == "cuda" else cpu_token_budget(model.config)
         self.token_budget = token_budget
@@ -125,8 +126,8 @@ class Scorer:
                              "so raylm cannot score it")
         logits = logits[0].float()
         self.packed_rows += sum(row.branched for row in batch)
-        picks_t = torch.tensor(picks, device=self.device)
-        target_t = torch.tensor(target_ids, device=self.device)
+        picks_t = torch.tensor(picks, device=logits.device)  # the head's device, for a model spread over several
+        target_t = torch.tensor(target_ids, device=logits.device)
         target_logit = logits[picks_t, target_t]
         log_normaliser, argmax = _log_normaliser_and_argmax(logits)
         token_lp = (target_logit - log_normaliser[picks_t]).double().cpu().numpy()
@@ -168,7 +169,9 @@ def gather_head_inputs(head: torch.nn.Module, flat: torch.Tensor, rows: int, wid
             return None
         hidden = args[0]
         seen.append(tuple(hidden.shape[:-1]))
-        return (hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat).unsqueeze(0), *args[1:])
+        # A model spread over devices hands the head hidden states on the last layer's device.
+        return (hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat.to(hidden.device)).unsqueeze(0),
+                *args[1:])
 
     handle = head.register_forward_pre_hook(gather)
     try:
