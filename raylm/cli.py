@@ -16,6 +16,8 @@ from raylm.config import (DEFAULT_BOOTSTRAP_ITERS, DEFAULT_FEWSHOT_SEED, DEFAULT
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.evaluate import evaluate
 from raylm.models.spec import DTYPES, PLL_VARIANTS, SCORERS, ModelSpec
+from raylm.results.lock import output_lock
+from raylm.results.ownership import check_results_owner
 from raylm.results.report import format_table, prepare_output, write_results, write_samples
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS
 from raylm.tasks import TASKS
@@ -122,10 +124,11 @@ def run_eval(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     cfg.validate()
     prepare_output(args.output)
-    result = evaluate(cfg)
-    if args.log_samples:
-        write_samples(args.output, result)
-    path = write_results(args.output, result)
+    with output_lock(args.output):
+        result = evaluate(cfg)
+        if args.log_samples:
+            write_samples(args.output, result)
+        path = write_results(args.output, result)
     print(format_table(result))
     print(f"results written to {path}")
     return 0
@@ -209,7 +212,9 @@ def run_probe_command(args: argparse.Namespace) -> int:
     if args.probes is not None:
         probes = load_probes(args.probes)
         prepare_output(args.output)
-        print(run_probe_file(Prober(spec), probes, args.output, args.top_k), end="")
+        with output_lock(args.output):
+            check_results_owner(args.output, "probe")
+            print(run_probe_file(Prober(spec), probes, args.output, args.top_k), end="")
         print(f"probe results written to {args.output} (probe.csv, topk.csv, summary.csv, summary.md, probe.png)")
     else:
         print(format_predictions(args.text, fill_masks(Prober(spec), args.text, args.top_k)))
