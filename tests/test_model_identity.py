@@ -192,3 +192,25 @@ def test_cli_on_a_cached_hub_model_offline_records_the_commit_it_scored(hub_cach
     finally:
         (offline / "refs" / "main").write_text(SHA_1)
     assert {**moved.as_dict(), "files": model_digest(moved)} != manifest["model"]
+
+
+def test_the_python_api_pins_one_commit_for_its_tokenizer_its_actors_and_their_replacements(offline, monkeypatch):
+    """RayLM's actors start as the object is made, replacements whenever one dies: all from one recipe, whose
+    spec must name the commit `main` pointed to at the start, as the driver's tokenizer does."""
+    import raylm.api
+    from raylm.cluster.runtime import ActorRecipe
+
+    monkeypatch.setattr(raylm.api, "connect", lambda: None)
+    monkeypatch.setattr(raylm.api, "plan_actors", lambda spec, *args: (ActorRecipe(spec, None, 1.0, 0.0, 1), 1))
+    monkeypatch.setattr(raylm.api, "LaunchedActors", lambda recipe, n: SimpleNamespace(recipe=recipe))
+    loaded = []
+    real_load = raylm.api.load_tokenizer
+    monkeypatch.setattr(raylm.api, "load_tokenizer", lambda spec: loaded.append(spec.revision) or real_load(spec))
+    lm = raylm.api.RayLM(pretrained=REPO, device="cpu")
+    assert loaded == [SHA_1] and lm.spec.revision == SHA_1
+    (offline / "refs" / "main").write_text(SHA_2)  # main moves while the object lives
+    try:
+        assert lm._launched.recipe.spec.revision == SHA_1
+    finally:
+        (offline / "refs" / "main").write_text(SHA_1)
+    assert lm.get_model_info() == {"model_dtype": "auto", "model_sha": SHA_1}
