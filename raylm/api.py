@@ -133,8 +133,8 @@ class RayLM(LM):
             rows.append(Request(str(inst.task_name), group, position, inst.request_type, inst.args))
         table, problems = request_table(rows, self.encoder)
         if problems:
-            where = [(str(requests[r.idx].task_name), requests[r.idx].doc_id, requests[r.idx].idx, n)
-                     for r, n in problems]
+            where = [(str(requests[r.idx].task_name), requests[r.idx].doc_id, requests[r.idx].idx, why, n)
+                     for r, why, n in problems]
             raise RaylmError(describe_problems(where, self.max_length))
         if table.num_rows == 0:
             return table.append_column("loglikelihood", pa.array([], pa.float64())).append_column(
