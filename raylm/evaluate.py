@@ -86,7 +86,12 @@ def load_task_docs(cfg: EvalConfig) -> TaskDocs:
 
 def select_lmeval(cfg: EvalConfig) -> Selection | None:
     """The lm-eval names resolved from lm-eval's index alone (no data read): unknown names and task types raylm
-    cannot score fail here, before Ray starts. None when every name is native: lm-eval is never imported."""
+    cannot score fail here, before Ray starts, and so does a native name that --include-path also defines. None when
+    every name is native: lm-eval is then never imported, unless an --include-path is to be checked."""
+    if cfg.include_path is not None:
+        from raylm.tasks.lmeval.names import refuse_shadowed_natives
+
+        refuse_shadowed_natives(cfg.tasks, cfg.include_path)
     if not cfg.lmeval_tasks:
         return None
     from raylm.tasks.lmeval.names import select

@@ -216,3 +216,31 @@ def test_a_native_task_reached_again_through_lm_eval_is_refused(tmp_path):
         select_lmeval(cfg)
     assert select_lmeval(EvalConfig(ModelSpec(str(STORIES)), ("with_hellaswag",), include_path=tmp_path)).leaves == [
         "hellaswag", "arc_easy"]
+
+
+SHADOW = ("task: winogrande\ndataset_path: my/data\noutput_type: multiple_choice\ndoc_to_text: q\ndoc_to_target: 0\n"
+          "doc_to_choice: [a, b]\n")
+
+
+def test_an_include_path_task_named_like_a_native_one_is_refused_not_shadowed(tmp_path):
+    """lm-eval would score the YAML (include-path entries replace its own), raylm its native task: rather than
+    pick one silently, both `raylm eval` and sweep files refuse the name, at its line in a sweep file."""
+    from raylm.config import EvalConfig
+    from raylm.evaluate import select_lmeval
+    from raylm.models.spec import ModelSpec
+    from raylm.sweep.config import load_sweep
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "mine.yaml").write_text(SHADOW)
+    spec = ModelSpec("gpt2")
+    with pytest.raises(RaylmError) as raised:
+        select_lmeval(EvalConfig(spec, ("hellaswag", "winogrande"), include_path=tasks))
+    assert str(raised.value) == (f"'winogrande' is raylm's native task and also a task of --include-path "
+                                 f"({tasks / 'mine.yaml'}); raylm would score its own and ignore yours: give yours "
+                                 "another name (task: my_winogrande)")
+    assert select_lmeval(EvalConfig(spec, ("hellaswag",), include_path=tasks)) is None  # not asked for: no clash
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"models: [gpt2]\ntasks:\n  - hellaswag\n  - winogrande\ninclude_path: {tasks}\n")
+    with pytest.raises(RaylmError, match=r"sweep.yaml: line 4: tasks: 'winogrande' is raylm's native task and also"):
+        load_sweep(sweep)

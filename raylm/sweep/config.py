@@ -123,6 +123,9 @@ def _device(r: NodeReader, top: dict[str, yaml.Node]) -> str:
 def _tasks(r: NodeReader, node: yaml.Node, include_path: Path | None) -> tuple[str, ...]:
     """Native names, and lm-eval names resolved as `raylm eval` resolves them, each error at its item's line."""
     items = [(item, r.typed(item, "tasks", str, "a task name")) for item, _ in r.values(node, "tasks")]
+    if include_path is not None:
+        for item, name in items:
+            r.checked(item, "tasks", lambda n: _refuse_shadowed_native(n, include_path), name)
     native = {name for _, name in items if name in TASKS}
     lmeval = [(item, name) for item, name in items if name not in TASKS]
     if lmeval:
@@ -134,6 +137,15 @@ def _tasks(r: NodeReader, node: yaml.Node, include_path: Path | None) -> tuple[s
         if clash:
             raise r.fail(item, "tasks", f"{name!r} reaches {', '.join(clash)}, also asked for as a native task")
     return tuple(name for _, name in items)
+
+
+def _refuse_shadowed_native(name: str, include_path: Path) -> None:
+    from raylm.tasks.lmeval.extra import require_lm_eval_for_include_path
+
+    require_lm_eval_for_include_path()
+    from raylm.tasks.lmeval.names import refuse_shadowed_natives
+
+    refuse_shadowed_natives([name], include_path)
 
 
 def _lmeval_leaves(r: NodeReader, item: yaml.Node, name: str, include_path: Path | None) -> list[str]:
