@@ -71,6 +71,9 @@ class CorpusConfig:
         return "kl" if self.model_b is not None else "ppl"
 
     def validate(self) -> None:
+        for spec in (self.model, self.model_b):
+            if spec is not None:
+                spec.validate()
         if self.fmt not in FORMATS:
             raise RaylmError(f"unknown --format '{self.fmt}' (use {', '.join(FORMATS)})")
         for name, value in (("--max-length", self.max_length), ("--stride", self.stride), ("--actors", self.actors),
