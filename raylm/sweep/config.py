@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from raylm.config import EvalConfig, parse_batch_size
+from raylm.config import DEFAULT_SHARD_REQUESTS, EvalConfig, parse_batch_size
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.data.yaml_nodes import NodeReader, read_top
 from raylm.errors import RaylmError
@@ -36,7 +36,7 @@ from raylm.tasks import TASKS
 
 PACKAGED = "raylm:demo"  # the packaged stories260K model (as a model path) or the packaged data (as data_dir)
 TOP_KEYS = ("models", "tasks", "settings", "data_dir", "include_path", "seed", "device", "actors_per_model", "num_gpus",
-            "num_cpus", "max_length")
+            "num_cpus", "max_length", "shard_size")
 MODEL_KEYS = ("path", "name", "dtype", "load_in_4bit", "load_in_8bit", "revision", "scorer", "pll", "max_length")
 SETTING_KEYS = ("num_fewshot", "limit", "batch_size", "dtype", "quantization")
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -70,12 +70,14 @@ class Sweep:
     num_gpus: float | None = None
     num_cpus: float | None = None
     include_path: Path | None = None
+    shard_size: int = DEFAULT_SHARD_REQUESTS  # requests per shard: what a killed point loses at most per actor
 
     def config(self, model: SweepModel, point: SweepPoint) -> EvalConfig:
         seeds = {} if self.seed is None else {"fewshot_seed": self.seed, "random_seed": self.seed,
                                                "numpy_seed": self.seed, "torch_seed": self.seed}
         return EvalConfig(model.spec, self.tasks, self.data_dir, point.limit, point.num_fewshot,
-                          batch_size=point.batch_size, actors=self.actors_per_model, progress=False,
+                          batch_size=point.batch_size, actors=self.actors_per_model,
+                          shard_requests=self.shard_size, progress=False,
                           num_gpus=self.num_gpus, include_path=self.include_path, log_samples=True, **seeds)
 
 
@@ -94,6 +96,7 @@ def load_sweep(path: Path) -> Sweep:
         actors_per_model=_positive(r, top, "actors_per_model", int, 1),
         num_gpus=_positive(r, top, "num_gpus", (int, float), None, allow_zero=True),
         num_cpus=_positive(r, top, "num_cpus", (int, float), None),
+        shard_size=_positive(r, top, "shard_size", int, DEFAULT_SHARD_REQUESTS),
     )
     for model in sweep.models:
         for point in sweep.points:
