@@ -200,7 +200,7 @@ def test_the_python_api_pins_one_commit_for_its_tokenizer_its_actors_and_their_r
     import raylm.api
     from raylm.cluster.runtime import ActorRecipe
 
-    monkeypatch.setattr(raylm.api, "connect", lambda: None)
+    monkeypatch.setattr(raylm.api, "connect", lambda **kwargs: None)
     monkeypatch.setattr(raylm.api, "plan_actors", lambda spec, *args: (ActorRecipe(spec, None, 1.0, 0.0, 1), 1))
     monkeypatch.setattr(raylm.api, "LaunchedActors", lambda recipe, n: SimpleNamespace(recipe=recipe))
     loaded = []
