@@ -30,6 +30,7 @@ from raylm.config import parse_batch_size
 from raylm.errors import RaylmError
 from raylm.requests.encoding import Encoder
 from raylm.models.context import context_length
+from raylm.models.identity import pin_revision, scored_commit
 from raylm.requests.lmeval import describe_problems, request_table
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS, LMEVAL_KIND, make_shards
 from raylm.models.spec import ModelSpec, check_model_path
@@ -52,10 +53,14 @@ class RayLM(LM):
                  max_length: int | None = None, progress: bool = False) -> None:
         super().__init__()
         quantization = "4bit" if load_in_4bit else "8bit" if load_in_8bit else None
-        self.spec = ModelSpec(str(pretrained), dtype, device or "auto", revision, trust_remote_code, allow_pickle,
-                              quantization, max_length=int(max_length) if max_length is not None else None)
-        self.spec.validate()
-        check_model_path(self.spec)
+        spec = ModelSpec(str(pretrained), dtype, device or "auto", revision, trust_remote_code, allow_pickle,
+                         quantization, max_length=int(max_length) if max_length is not None else None)
+        spec.validate()
+        check_model_path(spec)
+        self.revision = revision
+        # One commit of a hub model for the driver's tokenizer, every actor and every replacement actor, however
+        # long the object lives and wherever `main` moves meanwhile.
+        self.spec = pin_revision(spec)
         if shard_size < 1:
             raise RaylmError(f"shard_size must be at least 1, got {shard_size}")
         self.shard_size, self.progress = shard_size, progress
@@ -81,9 +86,13 @@ class RayLM(LM):
         return self.tokenizer.eos_token_id
 
     def get_model_info(self) -> dict[str, Any]:
-        """What HFLM.get_model_info adds to results' config, as far as the driver knows it (no weights here)."""
-        info = {"model_dtype": self.spec.dtype}
-        return {**info, "model_revision": self.spec.revision} if self.spec.revision else info
+        """What HFLM.get_model_info adds to results' config, as far as the driver knows it (no weights here): the
+        revision as asked, and the commit every actor loaded."""
+        info: dict[str, Any] = {"model_dtype": self.spec.dtype}
+        if self.revision is not None:
+            info["model_revision"] = self.revision
+        commit = scored_commit(self.spec)
+        return {**info, "model_sha": commit} if commit else info
 
     def loglikelihood(self, requests: list[Instance]) -> list[tuple[float, bool]]:
         """(summed log-probability of the continuation, whether it is the greedy decode) per (context,
@@ -124,8 +133,8 @@ class RayLM(LM):
             rows.append(Request(str(inst.task_name), group, position, inst.request_type, inst.args))
         table, problems = request_table(rows, self.encoder)
         if problems:
-            where = [(str(requests[r.idx].task_name), requests[r.idx].doc_id, requests[r.idx].idx, n)
-                     for r, n in problems]
+            where = [(str(requests[r.idx].task_name), requests[r.idx].doc_id, requests[r.idx].idx, why, n)
+                     for r, why, n in problems]
             raise RaylmError(describe_problems(where, self.max_length))
         if table.num_rows == 0:
             return table.append_column("loglikelihood", pa.array([], pa.float64())).append_column(

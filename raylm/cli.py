@@ -16,6 +16,8 @@ from raylm.config import (DEFAULT_BOOTSTRAP_ITERS, DEFAULT_FEWSHOT_SEED, DEFAULT
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.evaluate import evaluate
 from raylm.models.spec import DTYPES, PLL_VARIANTS, SCORERS, ModelSpec
+from raylm.results.lock import output_lock
+from raylm.results.ownership import check_results_owner
 from raylm.results.report import format_table, prepare_output, write_results, write_samples
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS
 from raylm.tasks import TASKS
@@ -63,12 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--batch-size", type=_batch_size, default=None, help="'auto' (token budget) or N requests")
     ev.add_argument("--actors", type=int, help="scoring actors (default: one per GPU the cluster has or can grow "
                     "to, up to 16; else one on CPU; see docs/cluster.md)")
-    ev.add_argument("--dtype", default="auto", choices=list(DTYPES))
-    ev.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    ev.add_argument("--revision", help="model revision on the hub")
-    ev.add_argument("--trust-remote-code", action="store_true", help="run code shipped with the model")
-    ev.add_argument("--allow-pickle", action="store_true",
-                    help="allow loading pickle weights (pytorch_model.bin) when a model has no safetensors")
+    add_model_options(ev)
     ev.add_argument("--data-dir", type=Path, help="local data laid out like shared/data (default: the hub)")
     ev.add_argument("--output", type=Path, default=Path("raylm-out"),
                     help="directory for results.json and the checkpoint a rerun resumes from")
@@ -82,9 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
                          "<metric>_decontaminate (lm-eval's name)")
     ev.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_REQUESTS, help="requests per shard")
     ev.add_argument("--no-progress", action="store_true")
-    quant = ev.add_mutually_exclusive_group()
-    quant.add_argument("--load-in-4bit", action="store_true", help="nf4 weights via bitsandbytes")
-    quant.add_argument("--load-in-8bit", action="store_true", help="LLM.int8 weights via bitsandbytes")
     ev.add_argument("--num-gpus", type=float, help="GPUs per actor; fractions pack several actors on one GPU")
     add_scorer_options(ev)
     sw = sub.add_parser("sweep", help="run a sweep file: models × tasks × settings in one Ray job")
@@ -96,6 +90,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_contamination_command(sub)
     add_membership_command(sub)
     return parser
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """How a model is loaded, the same flags on every command that loads one (eval, ppl, kl, probe)."""
+    parser.add_argument("--dtype", default="auto", choices=list(DTYPES))
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--revision", help="model revision on the hub (branch, tag or commit)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with the model")
+    parser.add_argument("--allow-pickle", action="store_true",
+                        help="allow loading pickle weights (pytorch_model.bin) when a model has no safetensors")
+    quant = parser.add_mutually_exclusive_group()
+    quant.add_argument("--load-in-4bit", action="store_true", help="nf4 weights via bitsandbytes")
+    quant.add_argument("--load-in-8bit", action="store_true", help="LLM.int8 weights via bitsandbytes")
+
+
+def model_spec(args: argparse.Namespace, path: str, revision: str | None, **fields: object) -> ModelSpec:
+    """A ModelSpec from add_model_options' flags (and a command's own `fields`: scorer, PLL, max length)."""
+    quantization = "4bit" if args.load_in_4bit else "8bit" if args.load_in_8bit else None
+    return ModelSpec(path, args.dtype, args.device, revision, args.trust_remote_code, args.allow_pickle,
+                     quantization, **fields)
 
 
 def add_scorer_options(parser: argparse.ArgumentParser) -> None:
@@ -112,9 +126,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         data_dir = data_dir or DEMO_DATA
     if not model:
         raise RaylmError("--model is required (or use --demo)")
-    quantization = "4bit" if args.load_in_4bit else "8bit" if args.load_in_8bit else None
-    spec = ModelSpec(model, args.dtype, args.device, args.revision, args.trust_remote_code, args.allow_pickle,
-                     quantization, args.scorer, args.pll, args.max_length)
+    spec = model_spec(args, model, args.revision, scorer=args.scorer, pll=args.pll, max_length=args.max_length)
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     random_seed, numpy_seed, torch_seed, fewshot_seed = args.seed
     return EvalConfig(spec, tasks, data_dir, args.limit, args.num_fewshot, fewshot_seed, args.batch_size, args.actors,
@@ -128,10 +140,11 @@ def run_eval(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     cfg.validate()
     prepare_output(args.output)
-    result = evaluate(cfg)
-    if args.log_samples:
-        write_samples(args.output, result)
-    path = write_results(args.output, result)
+    with output_lock(args.output):
+        result = evaluate(cfg)
+        if args.log_samples:
+            write_samples(args.output, result)
+        path = write_results(args.output, result)
     print(format_table(result))
     print(f"results written to {path}")
     return 0
@@ -143,6 +156,8 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
     ppl = sub.add_parser("ppl", help="perplexity of a model over a corpus (Parquet, JSONL or text), streamed")
     kl = sub.add_parser("kl", help="mean KL(P||Q) per token between --model (P) and --model-b (Q) over a corpus")
     kl.add_argument("--model-b", required=True, help="hub id or local directory of Q (same tokenizer as P)")
+    kl.add_argument("--model-b-revision", help="Q's revision on the hub (--revision is P's; the other model flags "
+                                               "apply to both)")
     for p in (ppl, kl):
         p.add_argument("--model", required=True, help="hub id or local directory")
         p.add_argument("--data", required=True, help="file, directory or glob; local or any pyarrow filesystem URI")
@@ -155,8 +170,7 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
                        "to, up to 16; else one on CPU)")
         p.add_argument("--limit-docs", type=int, help="first N documents only")
         p.add_argument("--docs-per-batch", type=int, default=DEFAULT_DOCS_PER_BATCH)
-        p.add_argument("--dtype", default="auto", choices=list(DTYPES))
-        p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+        add_model_options(p)
         p.add_argument("--output", type=Path, default=Path("raylm-out") / p.prog.split()[-1],
                        help="directory for results.json (default: raylm-out/ppl or raylm-out/kl)")
         p.add_argument("--no-progress", action="store_true")
@@ -167,9 +181,9 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
 def run_corpus_command(args: argparse.Namespace) -> int:
     from raylm.corpus.run import CorpusConfig, run_corpus
 
-    spec_b = ModelSpec(args.model_b, args.dtype, args.device) if args.command == "kl" else None
-    spec = ModelSpec(args.model, args.dtype, args.device, scorer=getattr(args, "scorer", "auto"),
-                     pll=getattr(args, "pll", PLL_VARIANTS[0]))
+    spec_b = model_spec(args, args.model_b, args.model_b_revision) if args.command == "kl" else None
+    spec = model_spec(args, args.model, args.revision, scorer=getattr(args, "scorer", "auto"),
+                      pll=getattr(args, "pll", PLL_VARIANTS[0]))
     cfg = CorpusConfig(spec, args.data, spec_b, args.fmt, args.text_column,
                        args.max_length, args.stride, args.actors, args.limit_docs, args.docs_per_batch,
                        not args.no_progress)
@@ -199,10 +213,7 @@ def add_probe_command(sub: argparse._SubParsersAction) -> None:
     probe.add_argument("--top-k", type=int, default=5, help="predictions shown per mask")
     probe.add_argument("--output", type=Path, default=Path("raylm-out"), help="directory for a probe file's CSVs, "
                                                                                "summary and chart")
-    probe.add_argument("--dtype", default="auto", choices=list(DTYPES))
-    probe.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    probe.add_argument("--revision", help="model revision on the hub")
-    probe.add_argument("--trust-remote-code", action="store_true", help="run code shipped with the model")
+    add_model_options(probe)
     probe.set_defaults(run=run_probe_command)
 
 
@@ -210,12 +221,14 @@ def run_probe_command(args: argparse.Namespace) -> int:
     from raylm.probe.file import load_probes
     from raylm.probe.run import Prober, fill_masks, format_predictions, run_probe_file
 
-    spec = ModelSpec(args.model, args.dtype, args.device, args.revision, args.trust_remote_code)
+    spec = model_spec(args, args.model, args.revision)
     spec.validate()
     if args.probes is not None:
         probes = load_probes(args.probes)
         prepare_output(args.output)
-        print(run_probe_file(Prober(spec), probes, args.output, args.top_k), end="")
+        with output_lock(args.output):
+            check_results_owner(args.output, "probe")
+            print(run_probe_file(Prober(spec), probes, args.output, args.top_k), end="")
         print(f"probe results written to {args.output} (probe.csv, topk.csv, summary.csv, summary.md, probe.png)")
     else:
         print(format_predictions(args.text, fill_masks(Prober(spec), args.text, args.top_k)))

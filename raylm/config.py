@@ -73,8 +73,12 @@ class EvalConfig:
             from raylm.tasks.lmeval.extra import require_lm_eval
 
             require_lm_eval(self.lmeval_tasks)
-        if self.include_path is not None and not self.include_path.is_dir():
-            raise RaylmError(f"--include-path '{self.include_path}' is not a directory")
+        if self.include_path is not None:
+            if not self.include_path.is_dir():
+                raise RaylmError(f"--include-path '{self.include_path}' is not a directory")
+            from raylm.tasks.lmeval.extra import require_lm_eval_for_include_path
+
+            require_lm_eval_for_include_path()
         if self.bootstrap_iters < 0:
             raise RaylmError(f"--bootstrap-iters must be 0 or more, got {self.bootstrap_iters}")
         if self.limit is not None and self.limit < 1:

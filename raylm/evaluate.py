@@ -9,13 +9,22 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from raylm.cluster.checkpoint import Checkpoint, fingerprint
-from raylm.cluster.runtime import ActorHandle, LaunchedActors, connect, gcs_address, local_cpus_needed, plan_actors
+from raylm.cluster.checkpoint import Checkpoint, fingerprint, scored_with
+from raylm.cluster.runtime import (
+    ActorHandle,
+    LaunchedActors,
+    connect,
+    gcs_address,
+    loaded_as,
+    local_cpus_needed,
+    plan_actors,
+)
 from raylm.cluster.scheduler import ScheduleReport, score_shards
 from raylm.cluster.scored import ScoredShard
 from raylm.config import EvalConfig
@@ -30,6 +39,7 @@ from raylm.requests.shards import LMEVAL_KIND, Shard, make_shards
 from raylm.requests.table import build_requests
 from raylm.results.contamination import CleanSets, decontaminated_key, read_scan
 from raylm.results.metrics import choice_metrics, rolling_metrics
+from raylm.results.lock import output_lock
 from raylm.results.report import EvalResult, TaskResult, prefix_sharing, run_summary
 from raylm.results.sums import merge, shard_sums
 from raylm.tasks import ChoiceDoc, get_task
@@ -77,7 +87,12 @@ def load_task_docs(cfg: EvalConfig) -> TaskDocs:
 
 def select_lmeval(cfg: EvalConfig) -> Selection | None:
     """The lm-eval names resolved from lm-eval's index alone (no data read): unknown names and task types raylm
-    cannot score fail here, before Ray starts. None when every name is native: lm-eval is never imported."""
+    cannot score fail here, before Ray starts, and so does a native name that --include-path also defines. None when
+    every name is native: lm-eval is then never imported, unless an --include-path is to be checked."""
+    if cfg.include_path is not None:
+        from raylm.tasks.lmeval.names import refuse_shadowed_natives
+
+        refuse_shadowed_natives(cfg.tasks, cfg.include_path)
     if not cfg.lmeval_tasks:
         return None
     from raylm.tasks.lmeval.names import select
@@ -172,14 +187,45 @@ def _tokenise(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_
     return encoder, tables, built
 
 
+def run_settings(cfg: EvalConfig) -> dict[str, Any]:
+    """What the checkpoint fingerprints of a run besides its model, tasks, data, shards and versions."""
+    return {"num_fewshot": cfg.num_fewshot, "limit": cfg.limit,
+            "seeds": {"random": cfg.random_seed, "numpy": cfg.numpy_seed, "torch": cfg.torch_seed,
+                      "fewshot": cfg.fewshot_seed},
+            "include_path": str(cfg.include_path.resolve()) if cfg.include_path is not None else None}
+
+
+def _manifest(cfg: EvalConfig, encoder: Encoder | MaskedEncoder, tables: Tables, shards: list[Shard]
+              ) -> dict[str, Any]:
+    return fingerprint(scored_spec(cfg.model, encoder), cfg.tasks, tables, shards, run_settings(cfg))
+
+
+def run_fingerprint(cfg: EvalConfig) -> dict[str, Any]:
+    """The checkpoint manifest evaluate(cfg) writes, from the driver's side alone (tokenizer, config and data; no
+    actor started, no weights loaded beyond their digest): what a sweep compares with a point's manifest to tell
+    whether the results there are this run's."""
+    cfg.validate()
+    check_model_path(cfg.model)
+    cfg = replace(cfg, model=pin_revision(cfg.model))
+    encoder, tables, _ = _tokenise(cfg, load_task_docs(cfg), select_lmeval(cfg), _RayStarted(True))
+    return _manifest(cfg, encoder, tables, make_shards(tables, cfg.shard_requests))
+
+
 def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
              on_shard: Callable[[Shard, ScoredShard], None] | None = None) -> EvalResult:
     """Run every task of cfg on the given actors (or on new ones, started and released here).
 
-    With cfg.output, finished shards are checkpointed there and a rerun scores only the missing ones. A dead
+    With cfg.output, finished shards are checkpointed there and a rerun scores only the missing ones; the
+    directory's lock (raylm.results.lock) is held meanwhile, so a second run there stops at once. A dead
     actor is replaced; in a caller's `actors` list it is swapped for its replacement, so the list stays usable.
     `on_shard` runs on the driver after each shard is scored and checkpointed (progress hooks, fault drills).
     """
+    with output_lock(cfg.output) if cfg.output is not None else nullcontext():
+        return _evaluate(cfg, actors, on_shard)
+
+
+def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
+              on_shard: Callable[[Shard, ScoredShard], None] | None) -> EvalResult:
     cfg.validate()
     check_model_path(cfg.model)
     start = time.time()
@@ -209,23 +255,29 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
             shards = make_shards(tables, cfg.shard_requests)
             checkpoint = None
             if cfg.output is not None:
-                manifest = fingerprint(scored_spec(cfg.model, encoder), cfg.tasks, tables, shards, cfg.num_fewshot,
-                                       cfg.fewshot_seed, cfg.limit)
-                checkpoint = Checkpoint.open(cfg.output, manifest, cfg.overwrite)
+                checkpoint = Checkpoint.open(cfg.output, _manifest(cfg, encoder, tables, shards), cfg.overwrite)
             scored = checkpoint.load(shards) if checkpoint else {}
             resumed = len(scored)
             todo = [s for s in shards if s.index not in scored]
             report = ScheduleReport([], 0, 0, [])
             if todo:
+                pool = launched.wait_ready() if launched is not None else actors
+                recipe = launched.recipe if launched is not None else plan_actors(
+                    cfg.model, len(actors), cfg.batch_size, cfg.num_gpus, cfg.num_cpus)[0]
+                actors_score_on = loaded_as(pool)
+                if checkpoint is not None:
+                    checkpoint.check_scored_with(scored, actors_score_on)
+
                 def finished(shard: Shard, result: ScoredShard) -> None:
+                    if scored_with(result) != actors_score_on:
+                        raise RaylmError(f"shard {shard.index} ({shard.task}) was scored on {scored_with(result)}, "
+                                         f"the run's other shards on {actors_score_on} (a replacement actor on "
+                                         "another kind of node?); pass --device and --dtype explicitly")
                     if checkpoint is not None:
                         checkpoint.save(shard, result)
                     if on_shard is not None:
                         on_shard(shard, result)
 
-                pool = launched.wait_ready() if launched is not None else actors
-                recipe = launched.recipe if launched is not None else plan_actors(
-                    cfg.model, len(actors), cfg.batch_size, cfg.num_gpus, cfg.num_cpus)[0]
                 report = score_shards(pool, recipe, todo, cfg.progress, finished)
                 scored.update((s.index, r) for s, r in zip(todo, report.results))
         finally:
@@ -257,7 +309,8 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
              "prefix_sharing": prefix_sharing(scored[s.index].prefix_sharing for s in shards),
              "requests_scored": sum(s.table.num_rows for s in todo), "shards_retried": report.retried,
              "shards_resumed": resumed, "actors_replaced": report.replaced, "ray_gcs_address": gcs_address(),
-             "model_commit": scored_commit(cfg.model)}
+             "model_commit": scored_commit(cfg.model),
+             "scored_with": ", ".join(sorted({scored_with(scored[s.index]) for s in shards}))}
     log.info("%s", run_summary(extra, wall))
     decontamination = scan.summary(clean, evaluated) if scan is not None else None
     return EvalResult(asked, results, wall, extra, lmeval, decontamination)

@@ -8,7 +8,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raylm.cluster.checkpoint import CHECKPOINT_DIR, MANIFEST, Checkpoint
+from raylm.cluster import checkpoint as checkpoint_module
+from raylm.cluster.checkpoint import CHECKPOINT_DIR, MANIFEST, Checkpoint, scored_with
+from raylm.config import EvalConfig
+from raylm.data.demo import DEMO_DATA, DEMO_MODEL
+from raylm.evaluate import run_fingerprint
+from raylm.models.spec import ModelSpec
 from raylm.cluster.scored import ScoredShard
 from raylm.errors import RaylmError
 from raylm.requests.shards import Shard
@@ -22,9 +27,10 @@ MANIFEST_A = {"limit": 2, "data": {"hellaswag": "abc"}, "code": {"raylm": "0.1.0
 RAYLM_RESULTS = {"results": {}, "config": {"versions": {"raylm": "0.1.0"}}}
 
 
-def scored(shard: Shard) -> ScoredShard:
+def scored(shard: Shard, dtype: str = "float32") -> ScoredShard:
     table = shard.table.append_column("loglikelihood", pa.array([-1.5, -0.25][: shard.table.num_rows]))
-    return ScoredShard(table, shard_sums(shard.kind, table), 1234, "packed (proven family: LlamaForCausalLM, sdpa)")
+    return ScoredShard(table, shard_sums(shard.kind, table), 1234, "packed (proven family: LlamaForCausalLM, sdpa)",
+                       "cpu", dtype)
 
 
 def test_saved_shards_come_back_identical(tmp_path):
@@ -35,6 +41,7 @@ def test_saved_shards_come_back_identical(tmp_path):
     assert again[1].table.equals(scored(SHARDS[1]).table)
     assert again[1].sums == scored(SHARDS[1]).sums and again[1].pid == 1234
     assert again[1].prefix_sharing == scored(SHARDS[1]).prefix_sharing  # a resumed run still records the verdict
+    assert (again[1].device, again[1].dtype) == ("cpu", "float32")
     assert not list((tmp_path / CHECKPOINT_DIR / "shards").glob(".*"))  # no temp files left behind
 
 
@@ -91,3 +98,33 @@ def test_unwritable_checkpoint_is_a_one_line_error(tmp_path):
     (tmp_path / CHECKPOINT_DIR / "shards").write_text("a file where the shards directory belongs")
     with pytest.raises(RaylmError, match="cannot write checkpoint .*000000.parquet: "):
         checkpoint.save(SHARDS[0], scored(SHARDS[0]))
+
+
+def test_shards_scored_on_another_device_or_dtype_are_not_resumed(tmp_path):
+    """--device auto and --dtype auto resolve on the actor's node: the same command can score bfloat16 on a GPU one
+    day and float32 on a CPU the next, and the two must not be merged."""
+    checkpoint = Checkpoint.open(tmp_path, MANIFEST_A, overwrite=False)
+    checkpoint.save(SHARDS[0], scored(SHARDS[0], dtype="bfloat16"))
+    resumed = checkpoint.load(SHARDS)
+    assert scored_with(resumed[0]) == "cpu/bfloat16"
+    checkpoint.check_scored_with(resumed, "cpu/bfloat16")
+    with pytest.raises(RaylmError, match=r"holds shards scored on cpu/bfloat16, and this run's actors score on "
+                                         r"cuda/float32") as raised:
+        checkpoint.check_scored_with(resumed, "cuda/float32")
+    assert "\n" not in str(raised.value)
+
+
+def test_a_library_upgrade_is_a_different_run(monkeypatch, tmp_path):
+    """torch, transformers and lm-eval compute the scores and build the requests: resuming across an upgrade would
+    merge shards of two versions."""
+    cfg = EvalConfig(ModelSpec(str(DEMO_MODEL), device="cpu"), ("winogrande",), DEMO_DATA, limit=2, progress=False)
+    before = run_fingerprint(cfg)
+    assert set(before["versions"]) == {"torch", "transformers", "lm_eval"} and before["versions"]["torch"]
+    Checkpoint.open(tmp_path, before, overwrite=False)
+    real = checkpoint_module.metadata.version
+    monkeypatch.setattr(checkpoint_module.metadata, "version",
+                        lambda name: "99.0" if name == "transformers" else real(name))
+    after = run_fingerprint(cfg)
+    assert after["versions"]["transformers"] == "99.0"
+    with pytest.raises(RaylmError, match=r"differs in: versions\)"):
+        Checkpoint.open(tmp_path, after, overwrite=False)

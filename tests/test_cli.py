@@ -120,3 +120,41 @@ def test_an_error_raised_in_a_scoring_actor_is_one_line_naming_its_traceback_fil
     assert "Traceback" not in proc.stderr and "ScoringActor pid=" not in proc.stderr + proc.stdout
     assert ", in load_model\n" in log.read_text() and "SafetensorError" in log.read_text()
     assert not (out / "results.json").exists()
+
+
+MODEL_FLAGS = ["--revision", "v2", "--trust-remote-code", "--allow-pickle", "--load-in-8bit", "--dtype", "float32",
+               "--device", "cpu"]
+
+
+@pytest.mark.parametrize("command", ["eval", "ppl", "kl", "probe"])
+def test_every_command_that_loads_a_model_takes_the_same_model_flags(command, monkeypatch):
+    """--revision, --trust-remote-code, --allow-pickle and the quantisation flags mean the same on eval, ppl, kl and
+    probe (kl's Q takes all but --revision, which is --model-b-revision)."""
+    import raylm.corpus.run
+    import raylm.probe.run
+    from raylm.cli import config_from_args, main
+    from raylm.models.spec import ModelSpec
+
+    asked = {"eval": ["eval", "--model", "org/p"], "ppl": ["ppl", "--model", "org/p", "--data", "x.txt"],
+             "kl": ["kl", "--model", "org/p", "--model-b", "org/q", "--model-b-revision", "v3", "--data", "x.txt"],
+             "probe": ["probe", "--model", "org/p", "--text", "a [MASK]."]}[command] + MODEL_FLAGS
+    expected = ModelSpec("org/p", "float32", "cpu", "v2", True, True, "8bit")
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(spec_or_cfg, *args):
+        seen.append(spec_or_cfg)
+        raise Stop
+
+    monkeypatch.setattr(raylm.corpus.run, "run_corpus", capture)
+    monkeypatch.setattr(raylm.probe.run, "Prober", capture)
+    if command == "eval":
+        seen.append(config_from_args(build_parser().parse_args(asked)).model)
+    else:
+        with pytest.raises(Stop):
+            main(asked)
+    assert (seen[0].model if command in ("ppl", "kl") else seen[0]) == expected
+    if command == "kl":
+        assert seen[0].model_b == ModelSpec("org/q", "float32", "cpu", "v3", True, True, "8bit")

@@ -108,6 +108,21 @@ class FailingActor(ScoringActor):
         return super().score(kind, shard)
 
 
+class DyingActor(ScoringActor):
+    """SIGKILLs itself on its first score call, unless `marker` exists (it creates it first): the first actor
+    dies while running its first shard with a second queued behind it; its replacement lives."""
+
+    def __init__(self, spec, marker):
+        super().__init__(spec, 1, None)
+        self.marker = marker
+
+    def score(self, kind, shard):
+        if not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().score(kind, shard)
+
+
 @pytest.fixture(scope="module")
 def shards(spec):
     tokenizer = load_tokenizer(spec)
@@ -143,3 +158,19 @@ def test_no_live_actor_and_no_replacement_is_an_error_not_a_hang(ray_session, sp
     ray.kill(actor)
     with pytest.raises(RaylmError, match="no scoring actor left"):
         run_shards([actor], shards, progress=False)
+
+
+def test_only_the_shard_a_dead_actor_was_running_is_charged_a_try(ray_session, spec, shards, tmp_path):
+    """Two shards are in flight per actor; the one queued behind the running shard was never tried, so it must not
+    be charged (with three tries, an innocent shard would otherwise run out of them and be named as the cause)."""
+    marker = str(tmp_path / "died")
+
+    def dying():
+        return ray.remote(DyingActor).options(num_cpus=0.5).remote(spec, marker)
+
+    report = run_shards([dying()], shards, progress=False, replace=dying)
+    assert os.path.exists(marker) and report.replaced == 1
+    assert report.retried == 1  # the running shard only; the queued one is not counted as tried
+    assert [r.table.num_rows for r in report.results] == [s.table.num_rows for s in shards]
+    for actor in report.actors:
+        ray.kill(actor)

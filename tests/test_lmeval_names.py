@@ -21,6 +21,7 @@ from raylm.models.spec import ModelSpec
 from raylm.requests.encoding import Encoder
 from raylm.requests.lmeval import request_tables
 from raylm.results.native import MIRRORS
+from raylm import cache
 from raylm.tasks.lmeval import index_cache
 from raylm.tasks.lmeval.build import load_and_build
 from raylm.tasks.lmeval.names import _include_path_manager, select
@@ -60,7 +61,7 @@ def test_include_path_alone_is_not_used_when_lm_evals_own_tasks_are_needed(local
 
 
 def test_cached_index_is_lm_evals_own_and_is_rebuilt_when_a_yaml_changes(local_tasks, lm_eval_manager, tmp_path):
-    directory = index_cache.cache_dir()  # this session's (conftest): the runs after this one read what it keeps
+    directory = cache.cache_dir()  # this session's (conftest): the runs after this one read what it keeps
     for kept in directory.glob("lm-eval-*-index-*.json"):
         kept.unlink()
     index_cache.builtin_index.cache_clear()
@@ -86,13 +87,13 @@ def test_cached_index_is_lm_evals_own_and_is_rebuilt_when_a_yaml_changes(local_t
 
 
 def test_cache_directory_follows_the_environment(monkeypatch, tmp_path):
-    monkeypatch.delenv(index_cache.CACHE_DIR_ENV, raising=False)
+    monkeypatch.delenv(cache.CACHE_DIR_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert index_cache.cache_dir() == tmp_path / "raylm"
-    monkeypatch.setenv(index_cache.CACHE_DIR_ENV, str(tmp_path / "elsewhere"))
-    assert index_cache.cache_dir() == tmp_path / "elsewhere"
-    monkeypatch.setenv(index_cache.NO_CACHE_ENV, "1")
-    assert index_cache.cache_dir() is None
+    assert cache.cache_dir() == tmp_path / "raylm"
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(tmp_path / "elsewhere"))
+    assert cache.cache_dir() == tmp_path / "elsewhere"
+    monkeypatch.setenv(cache.NO_CACHE_ENV, "1")
+    assert cache.cache_dir() is None
 
 
 def test_names_expand_as_lm_evals_cli_does(local_tasks):
@@ -215,3 +216,31 @@ def test_a_native_task_reached_again_through_lm_eval_is_refused(tmp_path):
         select_lmeval(cfg)
     assert select_lmeval(EvalConfig(ModelSpec(str(STORIES)), ("with_hellaswag",), include_path=tmp_path)).leaves == [
         "hellaswag", "arc_easy"]
+
+
+SHADOW = ("task: winogrande\ndataset_path: my/data\noutput_type: multiple_choice\ndoc_to_text: q\ndoc_to_target: 0\n"
+          "doc_to_choice: [a, b]\n")
+
+
+def test_an_include_path_task_named_like_a_native_one_is_refused_not_shadowed(tmp_path):
+    """lm-eval would score the YAML (include-path entries replace its own), raylm its native task: rather than
+    pick one silently, both `raylm eval` and sweep files refuse the name, at its line in a sweep file."""
+    from raylm.config import EvalConfig
+    from raylm.evaluate import select_lmeval
+    from raylm.models.spec import ModelSpec
+    from raylm.sweep.config import load_sweep
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "mine.yaml").write_text(SHADOW)
+    spec = ModelSpec("gpt2")
+    with pytest.raises(RaylmError) as raised:
+        select_lmeval(EvalConfig(spec, ("hellaswag", "winogrande"), include_path=tasks))
+    assert str(raised.value) == (f"'winogrande' is raylm's native task and also a task of --include-path "
+                                 f"({tasks / 'mine.yaml'}); raylm would score its own and ignore yours: give yours "
+                                 "another name (task: my_winogrande)")
+    assert select_lmeval(EvalConfig(spec, ("hellaswag",), include_path=tasks)) is None  # not asked for: no clash
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"models: [gpt2]\ntasks:\n  - hellaswag\n  - winogrande\ninclude_path: {tasks}\n")
+    with pytest.raises(RaylmError, match=r"sweep.yaml: line 4: tasks: 'winogrande' is raylm's native task and also"):
+        load_sweep(sweep)

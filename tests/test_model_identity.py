@@ -1,8 +1,10 @@
 """Which weights a run scores: hub ids pinned to a commit (offline from the cache's refs, online from the hub),
-local weights fingerprinted by contents rather than modification times."""
+local weights fingerprinted by every byte of their contents rather than modification times, each file's hash kept
+in raylm's cache until the file changes."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -15,7 +17,9 @@ import pytest
 from conftest import DATA, run_cli
 
 from raylm.errors import RaylmError
-from raylm.models.identity import BLOCK_BYTES, SAMPLED_BLOCKS, file_digest, model_digest, pin_revision
+from raylm.cache import CACHE_DIR_ENV, NO_CACHE_ENV
+from raylm.models import identity
+from raylm.models.identity import file_digest, model_digest, pin_revision
 from raylm.models.spec import ModelSpec
 
 REPO = "raylm-test/tiny"
@@ -109,19 +113,62 @@ def test_local_weights_are_fingerprinted_by_contents_not_modification_times(tiny
     assert model_digest(ModelSpec(str(copy))) != before
 
 
-def test_large_files_are_hashed_by_size_and_sampled_blocks(tmp_path):
-    path = tmp_path / "weights.bin"
-    size = SAMPLED_BLOCKS * BLOCK_BYTES * 4 + 123
+def old_sampled_digest(path: Path, blocks: int = 16, block: int = 64 * 1024) -> str:
+    """The scheme file_digest replaced: the size plus 16 evenly spaced 64 KiB blocks."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(f"{size}\0".encode())
+    with open(path, "rb") as f:
+        for i in range(blocks):
+            f.seek((size - block) * i // (blocks - 1))
+            digest.update(f.read(block))
+    return digest.hexdigest()
+
+
+def test_a_byte_the_old_sampler_never_read_changes_the_fingerprint(tmp_path):
+    """A fine-tune of the last layers or one merged LoRA projection changes bytes between the sampled blocks."""
+    model = tmp_path / "model"
+    model.mkdir()
+    weights = model / "model.safetensors"
+    size = 64 * 64 * 1024
     data = bytearray(os.urandom(size))
-    path.write_bytes(bytes(data))
-    original = file_digest(path)
-    for offset in (0, (size - BLOCK_BYTES) * 7 // (SAMPLED_BLOCKS - 1) + 5, size - 1):
-        changed = bytearray(data)
-        changed[offset] ^= 0xFF
-        path.write_bytes(bytes(changed))
-        assert file_digest(path) != original, offset
-    path.write_bytes(bytes(data) + b"\0")
-    assert file_digest(path) != original
+    weights.write_bytes(bytes(data))
+    spec = ModelSpec(str(model))
+    before_new, before_old = model_digest(spec), old_sampled_digest(weights)
+    offset = (size - 64 * 1024) * 3 // 15 + 100 * 1024  # past the 4th sampled block, short of the 5th
+    data[offset] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    assert old_sampled_digest(weights) == before_old  # what the old fingerprint missed
+    assert model_digest(spec) != before_new
+
+
+def test_a_files_digest_is_kept_outside_the_model_and_redone_when_the_file_changes(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    model.mkdir()
+    weights = model / "model.safetensors"
+    weights.write_bytes(os.urandom(3 * 1024 * 1024))
+    reads = []
+    real_hash = identity._hash_file
+    monkeypatch.setattr(identity, "_hash_file", lambda path, size: reads.append(path.name) or real_hash(path, size))
+    first = file_digest(weights)
+    assert first == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert file_digest(weights) == first and reads == ["model.safetensors"]  # the second run reads the cache
+    assert sorted(p.name for p in model.iterdir()) == ["model.safetensors"]
+    assert len(list((tmp_path / "cache" / identity.DIGEST_DIR).glob("*.json"))) == 1
+    # One byte changed in place, same size, modification time set back: the ctime still moves.
+    stat = weights.stat()
+    with open(weights, "r+b") as f:
+        f.seek(1234567)
+        byte = f.read(1)
+        f.seek(1234567)
+        f.write(bytes([byte[0] ^ 1]))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert weights.stat().st_mtime_ns == stat.st_mtime_ns and weights.stat().st_size == stat.st_size
+    changed = file_digest(weights)
+    assert changed != first and changed == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert reads == ["model.safetensors"] * 2
+    monkeypatch.setenv(NO_CACHE_ENV, "1")
+    assert file_digest(weights) == changed and len(reads) == 3
 
 
 def test_cli_on_a_cached_hub_model_offline_records_the_commit_it_scored(hub_cache, offline, tmp_path):
@@ -145,3 +192,25 @@ def test_cli_on_a_cached_hub_model_offline_records_the_commit_it_scored(hub_cach
     finally:
         (offline / "refs" / "main").write_text(SHA_1)
     assert {**moved.as_dict(), "files": model_digest(moved)} != manifest["model"]
+
+
+def test_the_python_api_pins_one_commit_for_its_tokenizer_its_actors_and_their_replacements(offline, monkeypatch):
+    """RayLM's actors start as the object is made, replacements whenever one dies: all from one recipe, whose
+    spec must name the commit `main` pointed to at the start, as the driver's tokenizer does."""
+    import raylm.api
+    from raylm.cluster.runtime import ActorRecipe
+
+    monkeypatch.setattr(raylm.api, "connect", lambda **kwargs: None)
+    monkeypatch.setattr(raylm.api, "plan_actors", lambda spec, *args: (ActorRecipe(spec, None, 1.0, 0.0, 1), 1))
+    monkeypatch.setattr(raylm.api, "LaunchedActors", lambda recipe, n: SimpleNamespace(recipe=recipe))
+    loaded = []
+    real_load = raylm.api.load_tokenizer
+    monkeypatch.setattr(raylm.api, "load_tokenizer", lambda spec: loaded.append(spec.revision) or real_load(spec))
+    lm = raylm.api.RayLM(pretrained=REPO, device="cpu")
+    assert loaded == [SHA_1] and lm.spec.revision == SHA_1
+    (offline / "refs" / "main").write_text(SHA_2)  # main moves while the object lives
+    try:
+        assert lm._launched.recipe.spec.revision == SHA_1
+    finally:
+        (offline / "refs" / "main").write_text(SHA_1)
+    assert lm.get_model_info() == {"model_dtype": "auto", "model_sha": SHA_1}

@@ -99,6 +99,24 @@ def test_probe_file_writes_probabilities_log_ratios_and_a_chart(tiny_bert, tmp_p
     assert results["config"]["targets"] == ["he", "she", "they"] and len(results["summary"]) == 6
 
 
+def test_probe_file_keeps_an_eval_runs_results_in_the_shared_default_directory(tiny_bert, tmp_path, capsys):
+    """`raylm eval` and `raylm probe` both default to raylm-out/: a probe file never writes over an eval's
+    results.json (as ppl and kl never do), and a probe's own results are replaced by its rerun."""
+    path, out = tmp_path / "probes.yaml", tmp_path / "raylm-out"
+    path.write_text(PROBES)
+    out.mkdir()
+    evaluated = json.dumps({"results": {"hellaswag": {}}, "config": {"versions": {"raylm": "0.1.0"}}})
+    (out / "results.json").write_text(evaluated)
+    args = ["probe", "--model", str(tiny_bert), "--probes", str(path), "--output", str(out), "--device", "cpu"]
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip() == (f"raylm: error: '{out / 'results.json'}' holds the results of "
+                                               "`raylm eval`; use another --output")
+    assert (out / "results.json").read_text() == evaluated and not (out / "probe.csv").exists()
+    (out / "results.json").unlink()
+    assert main(args) == 0 and main(args) == 0
+    assert json.loads((out / "results.json").read_text())["config"]["command"] == "probe"
+
+
 @pytest.mark.parametrize("text,line,pattern", [
     ('templates: ["The {occupation} said it."]\nfill:\n  occupation: [nurse]\ntargets: [he, she]\n', 1,
      r"templates\[0\]: 'The nurse said it\.' has no mask"),

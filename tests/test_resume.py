@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pyarrow.parquet as pq
 from conftest import DATA
 
 from raylm.cli import main
@@ -67,3 +68,11 @@ def test_rerun_after_kill_scores_only_missing_shards_and_matches_uninterrupted_r
     assert main(eval_args(tiny_llama, out, limit=5)) == 2
     assert "holds results of a different run (differs in: data, limit, shards)" in capsys.readouterr().err
     assert checkpointed(out) == list(range(len(shards)))
+
+    # Shards scored on another device or dtype (what --device/--dtype auto resolved to elsewhere) are not resumed.
+    first = out / CHECKPOINT_DIR / "shards" / "000000.parquet"
+    table = pq.read_table(first)
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"raylm.dtype": b"bfloat16"}), first)
+    (out / CHECKPOINT_DIR / "shards" / "000001.parquet").unlink()
+    assert main(eval_args(tiny_llama, out)) == 2
+    assert "holds shards scored on cpu/bfloat16, and this run's actors score on cpu/float32" in capsys.readouterr().err

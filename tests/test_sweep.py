@@ -17,8 +17,8 @@ from raylm.cli import build_parser, config_from_args
 from raylm.cluster.runtime import start_actors
 from raylm.errors import RaylmError
 from raylm.evaluate import evaluate
-from raylm.sweep.config import load_sweep
-from raylm.sweep.run import run_sweep
+from raylm.sweep.config import Sweep, load_sweep
+from raylm.sweep.run import SUPERSEDED_DIR, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 POINTS = ("0shot-limit3-batchauto", "1shot-limit3-batchauto")
@@ -236,3 +236,62 @@ def test_failed_point_stops_before_summary_and_keeps_finished_points(ray_session
     assert not (out / name / sweep.points[1].name / "results.json").exists()
     assert not (out / "summary.csv").exists() and not (out / "summary.md").exists()
     assert json.loads((out / "sweep.json").read_text())[name]["points_run"] == [sweep.points[0].name]
+
+
+def demo_sweep(path: Path, tasks: str, extra: str = "") -> Sweep:
+    path.write_text(f"models:\n  - path: raylm:demo\n    name: demo\n    dtype: float32\ntasks: {tasks}\n"
+                    f"data_dir: raylm:demo\ndevice: cpu\nsettings:\n  limit: [6]\n{extra}")
+    return load_sweep(path)
+
+
+def test_a_point_whose_config_changed_is_rerun_and_its_old_results_kept_aside(ray_session, tmp_path):
+    """The issue's reproduction: the same sweep file with a task added, into the same output. The old point held
+    only hellaswag; reusing it crashed writing the plots (no samples/winogrande.parquet). Now it is rerun, the
+    summary has both tasks, and the old folder is kept under superseded/."""
+    out = tmp_path / "out"
+    first = run_sweep(demo_sweep(tmp_path / "sweep.yaml", "[hellaswag]"), out)
+    point = first["demo"].points_run[0]
+    before = json.loads((out / "demo" / point / "results.json").read_text())
+    runs = run_sweep(demo_sweep(tmp_path / "sweep.yaml", "[hellaswag, winogrande]"), out)
+    assert runs["demo"].points_run == [point] and runs["demo"].loads == 1
+    after = json.loads((out / "demo" / point / "results.json").read_text())
+    assert set(after["results"]) == {"hellaswag", "winogrande"}
+    assert after["results"]["hellaswag"] == before["results"]["hellaswag"]
+    assert "winogrande acc" in (out / "summary.csv").read_text().splitlines()[0]
+    (aside,) = (out / SUPERSEDED_DIR).glob(f"*/demo/{point}")
+    assert json.loads((aside / "results.json").read_text())["results"].keys() == {"hellaswag"}
+    again = run_sweep(demo_sweep(tmp_path / "sweep.yaml", "[hellaswag, winogrande]"), out)
+    assert again["demo"].points_skipped == [point] and again["demo"].loads == 0  # this config's own: reused
+    assert len(list((out / SUPERSEDED_DIR).glob("*/demo/*"))) == 1
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def test_a_sweep_killed_inside_a_point_resumes_there_with_another_actor_count(ray_session, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    sweep = demo_sweep(tmp_path / "sweep.yaml", "[hellaswag, winogrande]", "shard_size: 8\n")
+    saved = []
+
+    def crash_after_three_shards(cfg, actors, on_shard=None):
+        def hook(shard, scored):
+            saved.append(shard.index)
+            if len(saved) == 3:
+                raise Crash("driver killed")
+        return evaluate(cfg, actors, on_shard=hook)
+
+    monkeypatch.setattr(raylm.sweep.run, "evaluate", crash_after_three_shards)
+    with pytest.raises(Crash):
+        run_sweep(sweep, out)
+    monkeypatch.undo()
+    point = out / "demo" / sweep.points[0].name
+    assert not (point / "results.json").exists() and len(list((point / "checkpoint" / "shards").iterdir())) == 3
+    resumed = run_sweep(replace(sweep, actors_per_model=2), out)
+    assert resumed["demo"].points_run == [sweep.points[0].name] and len(resumed["demo"].actor_pids) == 2
+    results = json.loads((point / "results.json").read_text())
+    assert results["config"]["shards_resumed"] == 3 and results["config"]["actors"] == 2
+    plain = evaluate(replace(sweep.config(sweep.models[0], sweep.points[0]), num_cpus=1.0))
+    assert results["sums"] == {name: task.sums for name, task in plain.tasks.items()}
+    resumed_rows = sum(pq.read_table(point / "checkpoint" / "shards" / f"{i:06d}.parquet").num_rows for i in saved)
+    assert results["config"]["requests_scored"] + resumed_rows == sum(t.scored.num_rows for t in plain.tasks.values())

@@ -52,7 +52,15 @@ def score_shard(scorer: Scorer | MaskedScorer, kind: str, shard: pa.Table) -> Sc
                          ("continuation_tokens", scored_tokens)):
         scored = scored.append_column(name, column)
     verdict = MASKED_PREFIX_SHARING if masked else scorer.plan.prefix_sharing
-    return ScoredShard(scored, shard_sums(kind, scored), os.getpid(), verdict)
+    device, dtype = loaded_as(scorer.model)
+    return ScoredShard(scored, shard_sums(kind, scored), os.getpid(), verdict, device, dtype)
+
+
+def loaded_as(model: torch.nn.Module) -> tuple[str, str]:
+    """The device type and dtype the model computes in, as loaded: a quantised model's is its compute dtype."""
+    parameter = next(model.parameters())
+    dtype = getattr(model, "dtype", parameter.dtype)
+    return parameter.device.type, str(dtype).removeprefix("torch.")
 
 
 class ScoringActor(DeferredStartup):
@@ -72,6 +80,11 @@ class ScoringActor(DeferredStartup):
         """The actor's PID: proof of life once the model is loaded, and what fault-injection tests kill."""
         self.check_started()
         return os.getpid()
+
+    def loaded_as(self) -> tuple[str, str]:
+        """Where and at what precision this actor scores: what the checkpoint's resumed shards must match."""
+        self.check_started()
+        return loaded_as(self.scorer.model)
 
     def set_batch_size(self, batch_size: int | None) -> None:
         """Sweep points differ in batch size without being different models, so they must not reload it."""

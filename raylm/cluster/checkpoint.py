@@ -3,8 +3,9 @@
 Shards are cut on the driver from the request tables alone, so a shard's index names the same requests whatever
 the actor count; a rerun of the same command reloads finished shards and scores only the rest. A manifest
 fingerprints everything that decides a shard's requests or their scores (model commit or weight contents, tasks,
-the request tables themselves, few-shot settings, limit, seed, shard size, code), and results of a different run
-are never mixed in.
+the request tables themselves, few-shot settings, limit, seeds, include path, shard size, the versions of torch,
+transformers and lm-eval, raylm's code), every shard file records the device and dtype its actor scored with, and
+results of a different run are never mixed in.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import hashlib
 import io
 import json
 import logging
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,9 @@ log = logging.getLogger(__name__)
 
 _PID_KEY = b"raylm.pid"  # also what marks a shard file as raylm's (raylm.results.ownership)
 _PREFIX_SHARING_KEY = b"raylm.prefix_sharing"
+_DEVICE_KEY = b"raylm.device"
+_DTYPE_KEY = b"raylm.dtype"
+SCORING_LIBRARIES = ("torch", "transformers", "lm_eval")
 
 
 def table_digest(table: pa.Table) -> str:
@@ -58,9 +63,24 @@ def source_digest() -> str:
     return digest.hexdigest()
 
 
+def library_versions() -> dict[str, str | None]:
+    """The installed libraries that compute a shard's scores (torch, transformers) or build its requests and
+    metrics (lm-eval; None where it is not installed)."""
+    out: dict[str, str | None] = {}
+    for name in SCORING_LIBRARIES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 def fingerprint(spec: ModelSpec, tasks: tuple[str, ...], tables: dict[str, tuple[str, pa.Table]],
-                shards: list[Shard], num_fewshot: int, seed: int, limit: int | None) -> dict[str, Any]:
-    """Everything a shard's results depend on, except the actor count and batch size, which must not matter.
+                shards: list[Shard], settings: dict[str, Any]) -> dict[str, Any]:
+    """Everything a shard's results depend on, except the actor count and batch size, which must not matter, and
+    the device and dtype the actors score with, which only the actors know (every shard file records them, and
+    Checkpoint.check_scored_with refuses to mix them). `settings` are the run's few-shot, limit, seed and
+    include-path settings, each its own key so that a refusal names the one that changed.
 
     `spec` must be pinned (raylm.models.identity.pin_revision): a hub model is then fingerprinted by its
     commit, never by a branch name that can move."""
@@ -68,12 +88,16 @@ def fingerprint(spec: ModelSpec, tasks: tuple[str, ...], tables: dict[str, tuple
         "model": {**spec.as_dict(), "files": model_digest(spec)},
         "tasks": list(tasks),
         "data": {name: table_digest(table) for name, (_, table) in tables.items()},
-        "num_fewshot": num_fewshot,
-        "seed": seed,
-        "limit": limit,
+        **settings,
         "shards": [[s.task, s.table.num_rows] for s in shards],
+        "versions": library_versions(),
         "code": {"raylm": raylm.__version__, "source": source_digest()},
     }
+
+
+def scored_with(shard: ScoredShard) -> str:
+    """Where and at what precision a shard was scored, as messages name it: 'cpu/float32'."""
+    return f"{shard.device}/{shard.dtype}"
 
 
 class Checkpoint:
@@ -101,21 +125,36 @@ class Checkpoint:
             raise RaylmError(f"cannot write a checkpoint under '{out_dir}': {e.strerror or e}") from e
         return checkpoint
 
-    def check_same_run(self) -> None:
+    def differences(self) -> list[str]:
+        """What differs between this run and the one whose results DIR holds (its manifest's keys); empty when DIR
+        holds this run's, or nothing."""
         path = self.root / MANIFEST
         if path.is_file():
             try:
                 previous = json.loads(path.read_text())
-            except (OSError, ValueError) as e:
-                raise RaylmError(f"'{path}' is unreadable ({e}); pass --overwrite to discard it") from e
-            differs = [key for key in self.manifest if previous.get(key) != self.manifest[key]]
-        elif (self.out_dir / RESULTS).exists():
-            differs = ["results.json without a checkpoint"]
-        else:
-            return
+            except (OSError, ValueError):
+                return ["an unreadable checkpoint manifest"]
+            if not isinstance(previous, dict):
+                return ["an unreadable checkpoint manifest"]
+            return [key for key in {**previous, **self.manifest} if previous.get(key) != self.manifest.get(key)]
+        if (self.out_dir / RESULTS).exists():
+            return ["results.json without a checkpoint"]
+        return []
+
+    def check_same_run(self) -> None:
+        differs = self.differences()
         if differs:
             raise RaylmError(f"output directory '{self.out_dir}' holds results of a different run (differs in: "
                              f"{', '.join(differs)}); use another --output, or --overwrite to discard them")
+
+    def check_scored_with(self, resumed: dict[int, ScoredShard], actors: str) -> None:
+        """Shards resumed from DIR must have been scored where and as the actors of this run score (device and
+        dtype as loaded, which --device auto and --dtype auto leave to the node and the model's config)."""
+        other = sorted({scored_with(s) for s in resumed.values()} - {actors})
+        if other:
+            raise RaylmError(f"output directory '{self.out_dir}' holds shards scored on {', '.join(other)}, and "
+                             f"this run's actors score on {actors}; results of the two would be mixed: use the "
+                             "same --device and --dtype, another --output, or --overwrite to discard them")
 
     def refuse_foreign(self) -> None:
         results = self.out_dir / RESULTS
@@ -129,10 +168,11 @@ class Checkpoint:
         return self.root / "shards" / f"{index:06d}.parquet"
 
     def save(self, shard: Shard, scored: ScoredShard) -> None:
-        metadata = {_PID_KEY: str(scored.pid).encode()}
+        tags = {_PID_KEY: str(scored.pid).encode(), _DEVICE_KEY: str(scored.device).encode(),
+                _DTYPE_KEY: str(scored.dtype).encode()}
         if scored.prefix_sharing is not None:
-            metadata[_PREFIX_SHARING_KEY] = scored.prefix_sharing.encode()
-        table = scored.table.replace_schema_metadata(metadata)
+            tags[_PREFIX_SHARING_KEY] = scored.prefix_sharing.encode()
+        table = scored.table.replace_schema_metadata(tags)
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
         try:
@@ -155,11 +195,12 @@ class Checkpoint:
             if not _same_requests(table, shard.table):
                 log.warning("checkpoint %s does not match shard %d; scoring it again", path, shard.index)
                 continue
-            metadata = table.schema.metadata or {}
-            pid = int(metadata.get(_PID_KEY, b"0"))
-            verdict = metadata[_PREFIX_SHARING_KEY].decode() if _PREFIX_SHARING_KEY in metadata else None
+            tags = table.schema.metadata or {}
+            pid = int(tags.get(_PID_KEY, b"0"))
+            verdict = tags[_PREFIX_SHARING_KEY].decode() if _PREFIX_SHARING_KEY in tags else None
             done[shard.index] = ScoredShard(table.replace_schema_metadata(None), shard_sums(shard.kind, table), pid,
-                                            verdict)
+                                            verdict, tags.get(_DEVICE_KEY, b"unknown").decode(),
+                                            tags.get(_DTYPE_KEY, b"unknown").decode())
         return done
 
 

@@ -197,6 +197,16 @@ def actor_pids(actors: list[ActorHandle]) -> list[int]:
     return ray.get([a.ready.remote() for a in actors])
 
 
+def loaded_as(actors: list[ActorHandle]) -> str:
+    """'device/dtype' the actors score with (raylm.cluster.checkpoint.scored_with's form); actors that loaded
+    their model differently (nodes of different kinds under --device auto) cannot share one run."""
+    seen = sorted({f"{device}/{dtype}" for device, dtype in ray.get([a.loaded_as.remote() for a in actors])})
+    if len(seen) > 1:
+        raise RaylmError(f"the scoring actors loaded the model differently ({', '.join(seen)}); their results "
+                         "cannot be merged: pass --device and --dtype explicitly")
+    return seen[0]
+
+
 def set_batch_size(actors: list[ActorHandle], batch_size: int | None) -> None:
     ray.get([a.set_batch_size.remote(batch_size) for a in actors])
 

@@ -3,8 +3,9 @@
 Each actor gets up to two shards in flight, so it never idles while the driver collects the previous result.
 
 Failures are survived here and nowhere else. A shard whose actor died (killed, out of memory, node gone) goes
-back to the queue and a replacement actor is started. A shard's result is kept only from the one try that returned
-it, so every request is counted exactly once, and a shard whose actors die `MAX_TRIES` times stops the run with one
+back to the queue and a replacement actor is started; only the shard the actor was running is charged a try, not
+the one queued behind it. A shard's result is kept only from the one try that returned it, so every request is
+counted exactly once, and a shard whose actors die `MAX_TRIES` times while running it stops the run with one
 line naming it and the cause. An exception raised by the scoring code stops the run at once: the same shard on the
 same model would raise it again.
 """
@@ -92,9 +93,9 @@ class _Schedule:
         self.live = list(actors)
         self.original = set(actors)
         self.slots = [a for a in actors for _ in range(IN_FLIGHT_PER_ACTOR)]
+        # In the order the calls were sent, which is the order each actor runs its own.
         self.in_flight: dict[ray.ObjectRef, tuple[int, ActorHandle]] = {}
         self.starting: dict[ray.ObjectRef, ActorHandle] = {}
-        self.dead: set[ActorHandle] = set()
         self.start_failures = 0
         self.replaced = 0
         self.last_cause = "none"
@@ -142,18 +143,20 @@ class _Schedule:
                 self._finished(ref, bar)
 
     def _finished(self, ref: ray.ObjectRef, bar: tqdm) -> None:
-        i, actor = self.in_flight.pop(ref)
+        i, actor = self.in_flight[ref]
         try:
             scored = ray.get(ref)
         except ACTOR_LOST as e:
-            self._lose(actor, e)
-            self._retry(i, f"scoring actor lost ({first_line(e)})")
+            self._actor_died(actor, e, bar)
             return
         except ray.exceptions.RayTaskError as e:
-            shard = self.shards[i]
-            raise remote_error(f"shard {shard.index} ({shard.task}) failed", e) from e
-        self.results[i] = scored
+            raise self._shard_error(i, e) from e
+        del self.in_flight[ref]
+        self._accept(i, scored, bar)
         self.slots.append(actor)
+
+    def _accept(self, i: int, scored: ScoredShard, bar: tqdm) -> None:
+        self.results[i] = scored
         bar.update(self.shards[i].table.num_rows)
         if any(self.tries):
             bar.set_postfix(retries=sum(self.tries), refresh=False)
@@ -161,6 +164,36 @@ class _Schedule:
             self.on_result(self.shards[i], scored)
         if self.delay:
             time.sleep(self.delay)
+
+    def _shard_error(self, i: int, e: ray.exceptions.RayTaskError) -> Exception:
+        shard = self.shards[i]
+        return remote_error(f"shard {shard.index} ({shard.task}) failed", e)
+
+    def _actor_died(self, actor: ActorHandle, error: Exception, bar: tqdm) -> None:
+        """Settle every shard the dead actor held, charging a try only to the one it was running.
+
+        An actor runs its calls one at a time in the order they were sent, so of the shards it held, the oldest
+        one not finished was running and the others were only queued behind it: those go back to the queue
+        uncharged, or a shard could use up its tries, and be named as the cause, for deaths it had no part in. A
+        shard that finished before the death (its result already out of the actor) keeps that result."""
+        held = [(r, j) for r, (j, a) in self.in_flight.items() if a == actor]
+        for r, _ in held:
+            del self.in_flight[r]
+        self._lose(actor, error)
+        charged = False
+        for r, j in held:
+            try:
+                scored = ray.get(r)
+            except ACTOR_LOST as e:
+                if charged:
+                    self.queue.appendleft(j)
+                else:
+                    self._retry(j, f"scoring actor lost ({first_line(e)})")
+                    charged = True
+                continue
+            except ray.exceptions.RayTaskError as e:
+                raise self._shard_error(j, e) from e
+            self._accept(j, scored, bar)
 
     def _retry(self, i: int, cause: str) -> None:
         shard = self.shards[i]
@@ -173,10 +206,7 @@ class _Schedule:
         self.queue.appendleft(i)
 
     def _lose(self, actor: ActorHandle, error: Exception) -> None:
-        """Drop a dead actor once (its other in-flight shards fail too) and start one in its place."""
-        if actor in self.dead:
-            return
-        self.dead.add(actor)
+        """Drop a dead actor and start one in its place."""
         self.live.remove(actor)
         self.slots = [a for a in self.slots if a != actor]
         ray.kill(actor, no_restart=True)

@@ -10,10 +10,13 @@ import pyarrow as pa
 
 @dataclass
 class ScoredShard:
-    """What an actor sends back for one shard: its scored requests, their sums, who scored them, and whether that
-    actor shared prefixes between requests (its config.prefix_sharing verdict; None where no actor said)."""
+    """What an actor sends back for one shard: its scored requests, their sums, who scored them, whether that
+    actor shared prefixes between requests (its config.prefix_sharing verdict; None where no actor said), and the
+    device type and dtype its model was loaded with (what --device auto and --dtype auto resolved to there)."""
 
     table: pa.Table
     sums: dict[str, float]
     pid: int
     prefix_sharing: str | None = None
+    device: str = "unknown"
+    dtype: str = "unknown"

@@ -34,7 +34,8 @@ from raylm.models.spec import ModelSpec, check_model_path
 from raylm.requests.masked import MaskedEncoder
 from raylm.results.atomic import write_atomic
 from raylm.results.metrics import kl_metrics, ppl_metrics, pseudo_ppl_metrics
-from raylm.results.ownership import RESULTS, results_kind, tagged_schema
+from raylm.results.lock import output_lock
+from raylm.results.ownership import RESULTS, check_results_owner, tagged_schema
 from raylm.results.report import prefix_sharing, run_config
 from raylm.results.sums import corpus_batch_sums, merge
 from raylm.scoring.mlm import MASKED_PREFIX_SHARING
@@ -67,6 +68,9 @@ class CorpusConfig:
         return "kl" if self.model_b is not None else "ppl"
 
     def validate(self) -> None:
+        for spec in (self.model, self.model_b):
+            if spec is not None:
+                spec.validate()
         if self.fmt not in FORMATS:
             raise RaylmError(f"unknown --format '{self.fmt}' (use {', '.join(FORMATS)})")
         for name, value in (("--max-length", self.max_length), ("--stride", self.stride), ("--actors", self.actors),
@@ -168,11 +172,17 @@ def resolve_lengths(cfg: CorpusConfig) -> tuple[int, int, str, int | None]:
 
 
 def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
-    """Score the corpus, write DIR/samples/<kind>.parquet and DIR/results.json, and return the metrics."""
+    """Score the corpus, write DIR/samples/<kind>.parquet and DIR/results.json, and return the metrics; DIR's lock
+    is held meanwhile (raylm.results.lock)."""
+    cfg.validate()
+    with output_lock(out_dir):
+        check_results_owner(out_dir, cfg.kind)
+        return _run_corpus(cfg, out_dir)
+
+
+def _run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
     import ray.data  # see raylm.corpus.read.read_corpus
 
-    cfg.validate()
-    check_output(out_dir, cfg.kind)
     start = time.time()
     asked = cfg
     # Actors of the pool may start at different times: each must load the same commit of a hub model.
@@ -203,17 +213,6 @@ def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
     result = CorpusResult(asked, metrics, max_length, stride, time.time() - start, commits, sharing, scorer, width)
     write_atomic(out_dir / RESULTS, json.dumps(results_dict(result), indent=2, default=str).encode())
     return result
-
-
-def check_output(out_dir: Path, kind: str) -> None:
-    """A rerun replaces its own command's results; an eval run's, or a file raylm did not write, stays."""
-    path = out_dir / RESULTS
-    if not path.exists():
-        return
-    found = results_kind(path)
-    if found != kind:
-        what = f"holds the results of `raylm {found}`" if found else "was not written by raylm"
-        raise RaylmError(f"'{path}' {what}; use another --output")
 
 
 def _stream(scored: ray.data.Dataset, samples: Path, progress: bool,

@@ -2,26 +2,35 @@
 
 A hub id names a branch that can move: resolved to its commit hash once, when the run starts, the same commit is
 what every actor loads and what the checkpoint records, so a rerun after `main` moved is refused instead of
-mixing shards of two models. Local weights are fingerprinted by their contents (size and sampled blocks), not
-their modification times, so a copied or touched model resumes and a changed one does not.
+mixing shards of two models. Local weights are fingerprinted by the hash of every byte of every file, not by
+their modification times, so a copied or touched model resumes and a changed one does not, however small the
+change (a fine-tuned head, one merged LoRA projection). Each file is read once per version of it (file_digest).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
 import re
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from tqdm import tqdm
+
+from raylm.cache import NO_CACHE_ENV, cache_dir
 from raylm.errors import RaylmError, first_line
 from raylm.models.spec import ModelSpec, looks_local
 
 log = logging.getLogger(__name__)
 
 COMMIT = re.compile(r"[0-9a-f]{40}")
-SAMPLED_BLOCKS = 16
-BLOCK_BYTES = 64 * 1024
+SHA256 = re.compile(r"[0-9a-f]{64}")
+DIGEST_DIR = "file-digests"  # under raylm's cache directory: one small JSON per file version hashed
+CHUNK_BYTES = 8 * 1024**2
+PROGRESS_BYTES = 256 * 1024**2  # files from this size show a progress bar while they are hashed
 
 
 def pin_revision(spec: ModelSpec) -> ModelSpec:
@@ -72,18 +81,72 @@ def _cached_commit(repo_id: str, revision: str | None, why: str) -> str:
 
 
 def file_digest(path: Path) -> str:
-    """Size plus SAMPLED_BLOCKS evenly spaced blocks (first and last included), or the whole of a small file: a
-    few MiB read for many-GB weights, and retrained or re-quantised weights differ in every block."""
-    size = path.stat().st_size
-    digest = hashlib.sha256(f"{size}\0".encode())
-    with open(path, "rb") as f:
-        if size <= SAMPLED_BLOCKS * BLOCK_BYTES:
-            digest.update(f.read())
-        else:
-            for i in range(SAMPLED_BLOCKS):
-                f.seek((size - BLOCK_BYTES) * i // (SAMPLED_BLOCKS - 1))
-                digest.update(f.read(BLOCK_BYTES))
+    """The sha256 of every byte of the file, read once per version of it: kept in raylm's cache directory (outside
+    the model's, which may be read-only or shared) under the file's identity, so an unchanged 16 GB checkpoint is
+    not read again on every run. The identity is its resolved path, device, inode, size, mtime and ctime: a write
+    in place changes the ctime, which no tool can set back, so even a change that keeps the size and restores the
+    mtime is hashed afresh."""
+    before = path.stat()
+    key = _file_key(path, before)
+    entry = _cache_entry(key)
+    cached = _cached_digest(entry, key)
+    if cached is not None:
+        return cached
+    digest = _hash_file(path, before.st_size)
+    # A file that changed while it was read has no one digest to keep.
+    if entry is not None and _file_key(path, path.stat()) == key:
+        _keep_digest(entry, key, digest)
+    return digest
+
+
+def _file_key(path: Path, stat: os.stat_result) -> dict[str, int | str]:
+    return {"path": str(path.resolve()), "device": stat.st_dev, "inode": stat.st_ino, "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
+
+
+def _hash_file(path: Path, size: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f, tqdm(total=size, unit="B", unit_scale=True, desc=f"hashing {path.name}",
+                                     disable=size < PROGRESS_BYTES) as bar:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+            bar.update(len(chunk))
     return digest.hexdigest()
+
+
+def _cache_entry(key: dict[str, int | str]) -> Path | None:
+    directory = cache_dir()
+    if directory is None:
+        return None
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:40]
+    return directory / DIGEST_DIR / f"{name}.json"
+
+
+def _cached_digest(entry: Path | None, key: dict[str, int | str]) -> str | None:
+    if entry is None or not entry.is_file():
+        return None
+    try:
+        kept = json.loads(entry.read_text())
+    except (OSError, ValueError):
+        return None
+    digest = kept.get("sha256") if isinstance(kept, dict) and kept.get("key") == key else None
+    return digest if isinstance(digest, str) and SHA256.fullmatch(digest) else None
+
+
+def _keep_digest(entry: Path, key: dict[str, int | str], digest: str) -> None:
+    """Best effort: a cache that cannot be written costs a rehash next run, never the run."""
+    partial = None
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        fd, partial = tempfile.mkstemp(dir=entry.parent, prefix=f".{entry.name}.")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"key": key, "sha256": digest}, f)
+        os.replace(partial, entry)
+    except OSError as e:
+        if partial is not None:
+            Path(partial).unlink(missing_ok=True)
+        log.warning("could not keep the digest of %s in %s (%s); it will be hashed again next run (set %s=1 to "
+                    "stop trying)", key["path"], entry.parent, e.strerror or e, NO_CACHE_ENV)
 
 
 def model_digest(spec: ModelSpec) -> str:

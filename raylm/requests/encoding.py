@@ -2,7 +2,8 @@
 
 Matching lm-eval here is what makes raylm's numbers trustworthy to someone switching tools, so each quirk is
 kept on purpose: the tokenizer's own special-token default (a Llama tokenizer prepends BOS to context and
-whole alike), trailing context spaces moved into the continuation, continuation = tail of the joint encoding.
+whole alike), trailing context spaces moved into the continuation, continuation = tail of the joint encoding,
+the prefix token for an empty context only (a context of whitespace is encoded, not treated as empty).
 The one exception is refused rather than copied: a tokenizer that appends a special token (EOS) to every
 encoding, where lm-eval's tail would silently drop the continuation's first real token and score that EOS.
 (Rolling windows are raylm.requests.windows.)
@@ -47,16 +48,21 @@ class Encoder:
         return out
 
     def encode_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
-        """(context, continuation) strings -> (context ids, continuation ids), batched through the tokenizer."""
+        """(context, continuation) strings -> (context ids, continuation ids), batched through the tokenizer.
+
+        Only a context that is exactly "" is conditioned on the prefix token, as in lm-eval's loglikelihood; a
+        context of whitespace alone goes through _encode_pair like any other (its spaces moved into the
+        continuation), so it is the tokenizer's encoding of "": BOS for a Llama tokenizer, and no token at all for
+        GPT-2's, a request lm-eval cannot score (HFLM asserts a non-empty context) and raylm's tables refuse."""
         moved = [_move_trailing_space(c, k) for c, k in pairs]
-        with_context = [i for i, (c, _) in enumerate(moved) if c]
+        with_context = [i for i, (c, _) in enumerate(pairs) if c]
         wholes = self.encode_many([moved[i][0] + moved[i][1] for i in with_context])
         contexts = self.encode_many([moved[i][0] for i in with_context])
         out: list[tuple[list[int], list[int]]] = [([], []) for _ in pairs]
         for i, whole, context in zip(with_context, wholes, contexts):
             self._check_context_is_prefix(context, whole)
             out[i] = (context, whole[len(context):])
-        for i, (context, continuation) in enumerate(moved):
+        for i, (context, continuation) in enumerate(pairs):
             if not context:
                 out[i] = self._empty_context(continuation)
         return out

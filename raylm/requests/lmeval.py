@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 
 import pyarrow as pa
 from lm_eval.utils import handle_non_serializable
@@ -22,7 +23,14 @@ from lm_eval.utils import handle_non_serializable
 from raylm.errors import RaylmError
 from raylm.requests.encoding import Encoder
 from raylm.requests.masked import MaskedEncoder, MaskedRequest
-from raylm.requests.table import Request as Encoded, request_tokens, rolling_windows, with_masked_columns
+from raylm.requests.table import (
+    Request as Encoded,
+    request_tokens,
+    rolling_windows,
+    truncated,
+    warn_truncated,
+    with_masked_columns,
+)
 from raylm.tasks.lmeval.build import Built, Request
 
 SCHEMA = pa.schema([
@@ -35,14 +43,19 @@ SCHEMA = pa.schema([
 MASKED_SCHEMA = with_masked_columns(SCHEMA)
 
 
-Problem = tuple[str, int, int, int]  # (task, doc_id, idx, continuation tokens): 0 tokens, or too many to fit
+# Why a request cannot be scored: its continuation encodes to no tokens, or to more than fit; or its context, only
+# whitespace, encodes to none (a GPT-2 tokenizer's "").
+EMPTY, LONG, NO_CONTEXT = "empty", "long", "no context"
+Problem = tuple[str, int, int, str, int]  # (task, doc_id, idx, why, continuation tokens)
 
 
 def request_table(requests: list[Request], encoder: Encoder | MaskedEncoder,
-                  metadata: dict[bytes, bytes] | None = None) -> tuple[pa.Table, list[tuple[Request, int]]]:
-    """Requests as rows, in the order given, and every request raylm cannot score with its continuation's token
-    count: none (nothing to score), or more than the model's context (HFLM stops on these with a bare
-    AssertionError; for a masked LM, more than fits with its special tokens)."""
+                  metadata: dict[bytes, bytes] | None = None) -> tuple[pa.Table, list[tuple[Request, str, int]]]:
+    """Requests as rows, in the order given, and every request raylm cannot score, why, and its continuation's
+    token count: none (nothing to score), more than the model's context (HFLM stops on these with a bare
+    AssertionError; for a masked LM, more than fits with its special tokens), or a context encoded to no token
+    (HFLM asserts on these too). Requests whose contexts will be left-truncated are counted per task in one
+    warning line, as for native tasks."""
     masked = isinstance(encoder, MaskedEncoder)
     schema = MASKED_SCHEMA if masked else SCHEMA
     cols: dict[str, list] = {name: [] for name in schema.names}
@@ -51,13 +64,16 @@ def request_table(requests: list[Request], encoder: Encoder | MaskedEncoder,
     windowed = iter(rolling_windows(encoder, [r.arguments[0] for r in requests
                                               if r.request_type == "loglikelihood_rolling"]))
     problems = []
+    cut: Counter[str] = Counter()
     for request in requests:
         if request.request_type == "loglikelihood_rolling":
             windows = next(windowed)
         else:
             windows = [next(encoded)]
-            if not _fits(windows[0], encoder.max_length):
-                problems.append((request, len(request_tokens(windows[0])[1])))
+            why = _unscorable(windows[0], encoder.max_length)
+            if why is not None:
+                problems.append((request, why, len(request_tokens(windows[0])[1])))
+            cut[request.task] += truncated(windows[0], encoder.max_length)
         for window, item in enumerate(windows):
             context, continuation = request_tokens(item)
             for name, value in (("doc_id", request.doc_id), ("req_idx", request.idx), ("window", window),
@@ -66,13 +82,20 @@ def request_table(requests: list[Request], encoder: Encoder | MaskedEncoder,
             if isinstance(item, MaskedRequest):
                 cols["following"].append(item.following)
                 cols["word_ids"].append(item.word_ids)
+    for task, count in cut.items():
+        warn_truncated(task, count, encoder.max_length)
     return pa.table(cols, schema=schema.with_metadata(metadata)), problems
 
 
-def _fits(item: Encoded, max_length: int) -> bool:
-    """A masked request's context is already cut to fit; its continuation must fit with the special tokens."""
-    n = len(request_tokens(item)[1])
-    return n > 0 and (item.length <= max_length if isinstance(item, MaskedRequest) else n <= max_length)
+def _unscorable(item: Encoded, max_length: int) -> str | None:
+    """A masked request's context is already cut to fit (and never empty); its continuation must fit with the
+    special tokens."""
+    context, continuation = request_tokens(item)
+    if not continuation:
+        return EMPTY
+    if (item.length if isinstance(item, MaskedRequest) else len(continuation)) > max_length:
+        return LONG
+    return None if context else NO_CONTEXT
 
 
 def describe_problems(problems: list[Problem], max_length: int) -> str:
@@ -82,13 +105,17 @@ def describe_problems(problems: list[Problem], max_length: int) -> str:
         by_task.setdefault(problem[0], []).append(problem)
     parts = []
     for task, mine in by_task.items():
-        empty = [f"doc {d} request {i}" for _, d, i, n in mine if n == 0]
-        long = [f"doc {d} request {i} ({n} tokens)" for _, d, i, n in mine if n > 0]
+        long = [f"doc {d} request {i} ({n} tokens)" for _, d, i, why, n in mine if why == LONG]
+        empty = [f"doc {d} request {i}" for _, d, i, why, _ in mine if why == EMPTY]
+        no_context = [f"doc {d} request {i}" for _, d, i, why, _ in mine if why == NO_CONTEXT]
         if long:
             parts.append(f"{task}: {len(long)} continuation(s) longer than the model's {max_length}-token context, "
                          f"which lm-eval cannot score either: {', '.join(long)}")
         if empty:
             parts.append(f"{task}: {len(empty)} continuation(s) encode to no tokens: {', '.join(empty)}")
+        if no_context:
+            parts.append(f"{task}: {len(no_context)} context(s) of only whitespace encode to no tokens, which "
+                         f"lm-eval cannot score either (HFLM asserts a non-empty context): {', '.join(no_context)}")
     return "; ".join(parts)
 
 
@@ -105,7 +132,7 @@ def request_tables(built: Built, encoder: Encoder | MaskedEncoder) -> dict[str, 
     tables, problems = {}, []
     for task in built.tasks["tasks"]:
         tables[task], unscorable = request_table(built.requests(task), encoder, task_metadata(built, task))
-        problems += [(r.task, r.doc_id, r.idx, n) for r, n in unscorable]
+        problems += [(r.task, r.doc_id, r.idx, why, n) for r, why, n in unscorable]
     if problems:
         raise RaylmError(describe_problems(problems, encoder.max_length))
     return tables

@@ -55,10 +55,27 @@ def build_requests(task: Task, docs: list[Doc], encoder: Encoder | MaskedEncoder
         _check_masked_lengths(task, cols["doc_id"], requests, encoder.max_length)
     else:
         _check_lengths(task, cols, encoder.max_length)
+    warn_truncated(task.name, sum(truncated(r, encoder.max_length) for r in requests), encoder.max_length)
     return pa.table(cols, schema=MASKED_SCHEMA if masked else SCHEMA)
 
 
 Request = tuple[list[int], list[int]] | MaskedRequest  # (context, continuation) for a causal LM
+
+
+def truncated(request: Request, max_length: int) -> bool:
+    """Whether the scorer left-truncates the request's context to fit (lm-eval's HFLM cuts the joint encoding to
+    its last max_length + 1 tokens, of which the last is never fed); a masked request's was cut already."""
+    if isinstance(request, MaskedRequest):
+        return request.dropped > 0
+    context, continuation = request
+    return len(context) + len(continuation) > max_length + 1
+
+
+def warn_truncated(task: str, count: int, max_length: int) -> None:
+    """One line per task, native and lm-eval alike, where HFLM warns once per request."""
+    if count:
+        log.warning("%s: %d requests exceed the model's max length %d; their contexts are left-truncated", task,
+                    count, max_length)
 
 
 def request_tokens(request: Request) -> tuple[Sequence[int], Sequence[int]]:
@@ -118,22 +135,16 @@ def _check_masked_lengths(task: Task, doc_ids: list[int], requests: list[MaskedR
         if request.length > max_length:
             raise RaylmError(f"{task.name}: doc {doc_id}: continuation of {len(request.continuation)} tokens does "
                              f"not fit the model's max length {max_length} with its special tokens")
-    truncated = sum(r.dropped > 0 for r in requests)
-    if truncated:
-        log.warning("%s: %d requests exceed the model's max length %d; their contexts are left-truncated",
-                    task.name, truncated, max_length)
 
 
 def _check_lengths(task: Task, cols: dict[str, list], max_length: int) -> None:
     """Long contexts are left-truncated by the scorer (as lm-eval does); over-long continuations cannot be scored."""
-    truncated = 0
     for doc_id, context, continuation in zip(cols["doc_id"], cols["context"], cols["continuation"]):
+        if not context:
+            raise RaylmError(f"{task.name}: doc {doc_id}: the context is only whitespace and encodes to no tokens, "
+                             "which lm-eval cannot score either")
         if not continuation:
             raise RaylmError(f"{task.name}: doc {doc_id}: the continuation encodes to no tokens")
         if len(continuation) > max_length:
             raise RaylmError(f"{task.name}: doc {doc_id}: continuation of {len(continuation)} tokens exceeds "
                              f"the model's max length {max_length}")
-        truncated += len(context) + len(continuation) > max_length + 1
-    if truncated:
-        log.warning("%s: %d requests exceed the model's max length %d; their contexts are left-truncated",
-                    task.name, truncated, max_length)

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import raylm
+from raylm.errors import RaylmError
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +44,24 @@ def _json(path: Path) -> Any:
 
 
 def results_kind(path: Path) -> str | None:
-    """'eval', 'ppl' or 'kl' for a results.json raylm wrote, else None."""
+    """'eval', 'ppl', 'kl' or 'probe' for a results.json raylm wrote, else None."""
     data = _json(path)
     config = data.get("config") if isinstance(data, dict) else None
     if not (isinstance(config, dict) and isinstance(config.get("versions"), dict) and "raylm" in config["versions"]):
         return None
     return str(config.get("command", "eval"))
+
+
+def check_results_owner(out_dir: Path, command: str) -> None:
+    """A rerun of a `raylm ppl`, `kl` or `probe` replaces its own command's results.json; another command's, or a
+    file raylm did not write, stays (raylm eval has its checkpoint's stricter rule)."""
+    path = out_dir / RESULTS
+    if not path.exists():
+        return
+    found = results_kind(path)
+    if found != command:
+        what = f"holds the results of `raylm {found}`" if found else "was not written by raylm"
+        raise RaylmError(f"'{path}' {what}; use another --output")
 
 
 def is_raylm_manifest(path: Path) -> bool:

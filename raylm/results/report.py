@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 import raylm
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
 from raylm.requests.shards import LMEVAL_KIND
-from raylm.results.atomic import write_atomic
+from raylm.results.atomic import write_atomic, write_parquet_atomic
 from raylm.results.metrics import token_perplexity
 from raylm.results.native import lmeval_shape
 from raylm.results.ownership import tagged
@@ -149,19 +148,19 @@ def prepare_output(out_dir: Path) -> None:
 
 def write_samples(out_dir: Path, result: EvalResult) -> None:
     """samples/<task>.parquet per request; samples/<task>_docs.parquet per document for multiple choice and, with
-    lm-eval's logged samples, for every lm-eval task."""
+    lm-eval's logged samples, for every lm-eval task; each file written atomically."""
     for name, task in result.tasks.items():
         path = out_dir / "samples" / f"{name}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
         if task.kind == LMEVAL_KIND:
             _write_lmeval_samples(path, result, name)
             continue
-        pq.write_table(tagged(task.scored), path)
+        write_parquet_atomic(path, tagged(task.scored))
         if task.kind == "multiple_choice":
             p = choice_predictions(task.scored)
             docs = pa.table({"doc_id": p.doc_id, "gold": p.gold, "pred": p.pred, "pred_norm": p.pred_norm,
                              "acc": (p.pred == p.gold).astype("int8"), "acc_norm": (p.pred_norm == p.gold).astype("int8")})
-            pq.write_table(tagged(docs), out_dir / "samples" / f"{name}_docs.parquet")
+            write_parquet_atomic(out_dir / "samples" / f"{name}_docs.parquet", tagged(docs))
 
 
 def _write_lmeval_samples(path: Path, result: EvalResult, name: str) -> None:
@@ -170,8 +169,8 @@ def _write_lmeval_samples(path: Path, result: EvalResult, name: str) -> None:
     samples = (result.lmeval or {}).get("samples")
     if samples is None:
         raise RaylmError(f"{name}: lm-eval's samples were not kept (run with log_samples)")
-    pq.write_table(tagged(requests_table(name, samples[name], result.tasks[name].scored)), path)
-    pq.write_table(tagged(docs_table(samples[name])), path.with_name(f"{name}_docs.parquet"))
+    write_parquet_atomic(path, tagged(requests_table(name, samples[name], result.tasks[name].scored)))
+    write_parquet_atomic(path.with_name(f"{name}_docs.parquet"), tagged(docs_table(samples[name])))
 
 
 def results_json(result: EvalResult) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from raylm.config import EvalConfig, parse_batch_size
+from raylm.config import DEFAULT_SHARD_REQUESTS, EvalConfig, parse_batch_size
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.data.yaml_nodes import NodeReader, read_top
 from raylm.errors import RaylmError
@@ -36,7 +36,7 @@ from raylm.tasks import TASKS
 
 PACKAGED = "raylm:demo"  # the packaged stories260K model (as a model path) or the packaged data (as data_dir)
 TOP_KEYS = ("models", "tasks", "settings", "data_dir", "include_path", "seed", "device", "actors_per_model", "num_gpus",
-            "num_cpus", "max_length", "decontaminate")
+            "num_cpus", "max_length", "decontaminate", "shard_size")
 MODEL_KEYS = ("path", "name", "dtype", "load_in_4bit", "load_in_8bit", "revision", "scorer", "pll", "max_length")
 SETTING_KEYS = ("num_fewshot", "limit", "batch_size", "dtype", "quantization")
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -71,12 +71,14 @@ class Sweep:
     num_cpus: float | None = None
     include_path: Path | None = None
     decontaminate: Path | None = None  # a `raylm contamination` output: `_decontaminate` metrics for every point
+    shard_size: int = DEFAULT_SHARD_REQUESTS  # requests per shard: what a killed point loses at most per actor
 
     def config(self, model: SweepModel, point: SweepPoint) -> EvalConfig:
         seeds = {} if self.seed is None else {"fewshot_seed": self.seed, "random_seed": self.seed,
                                                "numpy_seed": self.seed, "torch_seed": self.seed}
         return EvalConfig(model.spec, self.tasks, self.data_dir, point.limit, point.num_fewshot,
-                          batch_size=point.batch_size, actors=self.actors_per_model, progress=False,
+                          batch_size=point.batch_size, actors=self.actors_per_model,
+                          shard_requests=self.shard_size, progress=False,
                           num_gpus=self.num_gpus, include_path=self.include_path, log_samples=True,
                           decontaminate=self.decontaminate, **seeds)
 
@@ -97,6 +99,7 @@ def load_sweep(path: Path) -> Sweep:
         num_gpus=_positive(r, top, "num_gpus", (int, float), None, allow_zero=True),
         num_cpus=_positive(r, top, "num_cpus", (int, float), None),
         decontaminate=_scan(r, top["decontaminate"], base) if "decontaminate" in top else None,
+        shard_size=_positive(r, top, "shard_size", int, DEFAULT_SHARD_REQUESTS),
     )
     for model in sweep.models:
         for point in sweep.points:
@@ -126,6 +129,9 @@ def _device(r: NodeReader, top: dict[str, yaml.Node]) -> str:
 def _tasks(r: NodeReader, node: yaml.Node, include_path: Path | None) -> tuple[str, ...]:
     """Native names, and lm-eval names resolved as `raylm eval` resolves them, each error at its item's line."""
     items = [(item, r.typed(item, "tasks", str, "a task name")) for item, _ in r.values(node, "tasks")]
+    if include_path is not None:
+        for item, name in items:
+            r.checked(item, "tasks", lambda n: _refuse_shadowed_native(n, include_path), name)
     native = {name for _, name in items if name in TASKS}
     lmeval = [(item, name) for item, name in items if name not in TASKS]
     if lmeval:
@@ -137,6 +143,15 @@ def _tasks(r: NodeReader, node: yaml.Node, include_path: Path | None) -> tuple[s
         if clash:
             raise r.fail(item, "tasks", f"{name!r} reaches {', '.join(clash)}, also asked for as a native task")
     return tuple(name for _, name in items)
+
+
+def _refuse_shadowed_native(name: str, include_path: Path) -> None:
+    from raylm.tasks.lmeval.extra import require_lm_eval_for_include_path
+
+    require_lm_eval_for_include_path()
+    from raylm.tasks.lmeval.names import refuse_shadowed_natives
+
+    refuse_shadowed_natives([name], include_path)
 
 
 def _lmeval_leaves(r: NodeReader, item: yaml.Node, name: str, include_path: Path | None) -> list[str]:

@@ -2,23 +2,31 @@
 
 Each model gets a driver thread that starts its actor(s), evaluates its points one after another on them and
 kills them; Ray places the actors, so models run side by side as far as GPUs (or CPUs) allow and queue
-otherwise. A point whose results.json exists is skipped, and a model with nothing left to run is never loaded.
+otherwise. Each point is a `raylm eval --output` folder of its own: it checkpoints its shards there, so a killed
+sweep resumes inside the point it was in, with any number of actors. A point is skipped only when its folder
+holds this very config's finished results (point_is_current), and a model with nothing left to run is never
+loaded.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from raylm.cluster.checkpoint import Checkpoint
 from raylm.cluster.runtime import actor_pids, connect, cpu_share, kill, set_batch_size, start_actors, wants_gpu
+from raylm.config import EvalConfig
 from raylm.errors import RaylmError, RemoteError
-from raylm.evaluate import evaluate
+from raylm.evaluate import evaluate, run_fingerprint
 from raylm.models.identity import pin_revision
 from raylm.models.spec import check_model_path
 from raylm.results.atomic import write_atomic
+from raylm.results.lock import output_lock
+from raylm.results.ownership import CHECKPOINT_DIR, RESULTS
 from raylm.results.report import prepare_output, write_results, write_samples
 from raylm.sweep.config import Sweep, SweepModel, SweepPoint
 from raylm.sweep.plots import METRICS_PNG, plot_metrics, plot_norm_scores
@@ -26,6 +34,8 @@ from raylm.sweep.summary import SUMMARY_CSV, SUMMARY_MD, collect, summary_csv, s
 from raylm.tasks import TASKS, get_task
 
 log = logging.getLogger(__name__)
+
+SUPERSEDED_DIR = "superseded"  # under the sweep's output: point folders of earlier configs, kept aside
 
 
 @dataclass
@@ -43,24 +53,65 @@ def point_dir(out: Path, model: SweepModel, point: SweepPoint) -> Path:
 
 
 def run_sweep(sweep: Sweep, out: Path) -> dict[str, ModelRun]:
-    """Run every unfinished point, then write the summaries and plots over all points (old and new)."""
+    """Run every point whose results are not this sweep's, then write the summaries and plots over all points.
+
+    The sweep's output directory is locked for the run, and each point's while it is judged and run."""
     prepare_output(out)
-    for model in sweep.models:
-        check_model_path(model.spec)
-    runs = {m.name: ModelRun() for m in sweep.models}
-    todo: dict[str, list[SweepPoint]] = {}
-    for model in sweep.models:
-        for point in sweep.points:
-            if (point_dir(out, model, point) / "results.json").is_file():
-                runs[model.name].points_skipped.append(point.name)
-            else:
-                todo.setdefault(model.name, []).append(point)
-    errors = _run_models(sweep, todo, out, runs) if todo else []
-    _write_manifest(out, runs)
-    if errors:
-        raise errors[0]
-    write_reports(sweep, out)
+    with output_lock(out):
+        for model in sweep.models:
+            check_model_path(model.spec)
+        # Pinned once, so that the points judged current and the points run are judged and run on one commit.
+        sweep = replace(sweep, models=tuple(replace(m, spec=pin_revision(m.spec)) for m in sweep.models))
+        runs = {m.name: ModelRun() for m in sweep.models}
+        todo: dict[str, list[SweepPoint]] = {}
+        for model in sweep.models:
+            for point in sweep.points:
+                if point_is_current(sweep, model, point, out):
+                    runs[model.name].points_skipped.append(point.name)
+                else:
+                    todo.setdefault(model.name, []).append(point)
+        errors = _run_models(sweep, todo, out, runs) if todo else []
+        _write_manifest(out, runs)
+        if errors:
+            raise errors[0]
+        write_reports(sweep, out)
     return runs
+
+
+def point_is_current(sweep: Sweep, model: SweepModel, point: SweepPoint, out: Path) -> bool:
+    """Whether the point's folder holds this sweep's finished results: its results.json, and a checkpoint
+    manifest equal to the fingerprint `raylm eval` would give this point now (model commit or weight digest,
+    tasks, the request tables, settings, seeds, include path, versions, code).
+
+    A folder holding another config's results (a task added, data or weights changed, raylm upgraded) is moved
+    aside to OUT/superseded/<time>/<model>/<point> and the point runs afresh, so no summary mixes two configs;
+    a folder holding a checkpoint of this very config resumes from it. Files raylm did not write are refused,
+    as by `raylm eval`."""
+    where = point_dir(out, model, point)
+    if not (where / RESULTS).exists() and not (where / CHECKPOINT_DIR).exists():
+        return False
+    with output_lock(where):
+        cfg = point_config(sweep, model, point, out, None)
+        checkpoint = Checkpoint(where, run_fingerprint(cfg))
+        try:
+            checkpoint.refuse_foreign()
+        except RaylmError as e:
+            raise RaylmError(f"{model.name} / {point.name}: {e}") from e
+        differs = checkpoint.differences()
+        if not differs:
+            return (where / RESULTS).is_file()
+    aside = out / SUPERSEDED_DIR / time.strftime("%Y%m%dT%H%M%S") / model.name / point.name
+    aside.parent.mkdir(parents=True, exist_ok=True)
+    where.rename(aside)
+    log.warning("sweep: %s / %s holds results of another config (differs in: %s); moved them to %s and running "
+                "the point afresh", model.name, point.name, ", ".join(differs), aside)
+    return False
+
+
+def point_config(sweep: Sweep, model: SweepModel, point: SweepPoint, out: Path, num_cpus: float | None
+                 ) -> EvalConfig:
+    """The point as `raylm eval` runs it, checkpointing into its own folder."""
+    return replace(sweep.config(model, point), num_cpus=num_cpus, output=point_dir(out, model, point))
 
 
 def _run_models(sweep: Sweep, todo: dict[str, list[SweepPoint]], out: Path, runs: dict[str, ModelRun]
@@ -87,21 +138,20 @@ def _cpus_per_actor(sweep: Sweep, models: int) -> float | None:
 
 def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], out: Path, run: ModelRun,
                num_cpus: float | None) -> None:
-    # Pinned before the actors load it, so that every point of this model scores the same commit.
-    model = replace(model, spec=pin_revision(model.spec))
     actors = start_actors(model.spec, sweep.actors_per_model, None, sweep.num_gpus, num_cpus)
     run.loads += len(actors)
     try:
         run.actor_pids = actor_pids(actors)
         for point in points:
             set_batch_size(actors, point.batch_size)
-            result = evaluate(replace(sweep.config(model, point), num_cpus=num_cpus), actors)
-            result.extra["sweep"] = {"file": str(sweep.source), "model": model.name, "point": point.name,
-                                     "actor_pids": run.actor_pids}
             where = point_dir(out, model, point)
-            # results.json marks a finished point for resuming, so it is written last.
-            write_samples(where, result)
-            write_results(where, result)
+            with output_lock(where):
+                result = evaluate(point_config(sweep, model, point, out, num_cpus), actors)
+                result.extra["sweep"] = {"file": str(sweep.source), "model": model.name, "point": point.name,
+                                         "actor_pids": run.actor_pids}
+                # results.json marks a finished point, so it is written last.
+                write_samples(where, result)
+                write_results(where, result)
             run.points_run.append(point.name)
             log.info("sweep: %s / %s done", model.name, point.name)
     except RemoteError as e:

@@ -4,8 +4,7 @@ TaskManager() parses every YAML lm-eval ships (and every file they include) on e
 cores, more than the whole of a small evaluation. The index depends only on those files, so it is kept as JSON
 (plain YAML values: no pickle) under raylm's cache directory, keyed by lm-eval's version and every YAML's path,
 size and modification time: any change to lm-eval's task files builds it afresh. An index JSON cannot hold
-exactly is not kept. `RAYLM_NO_CACHE=1` turns the cache off; `RAYLM_CACHE_DIR`
-moves it (default `$XDG_CACHE_HOME/raylm`, else `~/.cache/raylm`).
+exactly is not kept. The cache directory and its switches are raylm.cache's.
 """
 
 from __future__ import annotations
@@ -21,20 +20,9 @@ from typing import Any
 from lm_eval.tasks import TaskManager
 from lm_eval.tasks._index import Entry, Kind, TaskIndex
 
+from raylm.cache import NO_CACHE_ENV, cache_dir
+
 log = logging.getLogger(__name__)
-
-CACHE_DIR_ENV = "RAYLM_CACHE_DIR"
-NO_CACHE_ENV = "RAYLM_NO_CACHE"
-
-
-def cache_dir() -> Path | None:
-    """Where the index is kept, or None when the cache is turned off."""
-    if os.environ.get(NO_CACHE_ENV, "").strip() not in ("", "0"):
-        return None
-    if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "raylm"
 
 
 def builtin_root() -> Path:

@@ -21,6 +21,7 @@ from lm_eval.tasks import TaskManager
 from lm_eval.tasks._index import Kind
 
 from raylm.errors import RaylmError
+from raylm.tasks import TASKS
 from raylm.tasks.lmeval.index_cache import IndexedTaskManager, builtin_index
 
 SUPPORTED_OUTPUT_TYPES = ("multiple_choice", "loglikelihood", "loglikelihood_rolling")
@@ -50,6 +51,21 @@ def select(names: Sequence[str], include_path: Path | None) -> Selection:
                 refuse_output_type(task, output_type, via)
             leaves.append(task)
     return Selection(manager, expanded, leaves)
+
+
+def refuse_shadowed_natives(names: Sequence[str], include_path: Path) -> None:
+    """A native name (hellaswag, winogrande, wikitext) that --include-path also defines is ambiguous: raylm would
+    score its own task, lm-eval would score the YAML (include-path entries replace lm-eval's own), and nothing
+    would say which ran. raylm refuses it rather than pick one silently."""
+    natives = [name for name in names if name in TASKS]
+    if not natives:
+        return
+    index = TaskManager(include_path=[str(include_path)], include_defaults=False).task_index
+    for name in natives:
+        if name in index:
+            where = index[name].yaml_path or include_path
+            raise RaylmError(f"'{name}' is raylm's native task and also a task of --include-path ({where}); raylm "
+                             f"would score its own and ignore yours: give yours another name (task: my_{name})")
 
 
 def _include_path_manager(names: Sequence[str], paths: list[str]) -> TaskManager | None:
