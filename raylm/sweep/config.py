@@ -12,13 +12,13 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from raylm.config import EvalConfig, parse_batch_size
+from raylm.config import EvalConfig, check_limit, parse_batch_size
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.data.yaml_nodes import NodeReader, read_top
 from raylm.errors import RaylmError
@@ -36,8 +36,10 @@ from raylm.tasks import TASKS
 
 PACKAGED = "raylm:demo"  # the packaged stories260K model (as a model path) or the packaged data (as data_dir)
 TOP_KEYS = ("models", "tasks", "settings", "data_dir", "include_path", "seed", "device", "actors_per_model", "num_gpus",
-            "num_cpus", "max_length")
-MODEL_KEYS = ("path", "name", "dtype", "load_in_4bit", "load_in_8bit", "revision", "scorer", "pll", "max_length")
+            "num_cpus", "max_length", "apply_chat_template", "fewshot_as_multiturn", "system_instruction",
+            "chat_template_args", "metadata")
+MODEL_KEYS = ("path", "name", "dtype", "load_in_4bit", "load_in_8bit", "revision", "scorer", "pll", "max_length",
+              "peft", "add_bos_token", "prefix_token_id")
 SETTING_KEYS = ("num_fewshot", "limit", "batch_size", "dtype", "quantization")
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -54,7 +56,7 @@ class SweepModel:
 class SweepPoint:
     name: str
     num_fewshot: int | None  # None: each lm-eval task's own default (native tasks: 0)
-    limit: int | None
+    limit: int | float | None  # below 1: a fraction of each task's documents
     batch_size: int | None
 
 
@@ -70,13 +72,18 @@ class Sweep:
     num_gpus: float | None = None
     num_cpus: float | None = None
     include_path: Path | None = None
+    # As raylm eval's --apply-chat-template, --fewshot-as-multiturn, --system-instruction, --chat-template-args and
+    # --metadata, for every model and point.
+    prompt: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] | None = None
 
     def config(self, model: SweepModel, point: SweepPoint) -> EvalConfig:
         seeds = {} if self.seed is None else {"fewshot_seed": self.seed, "random_seed": self.seed,
                                                "numpy_seed": self.seed, "torch_seed": self.seed}
         return EvalConfig(model.spec, self.tasks, self.data_dir, point.limit, point.num_fewshot,
                           batch_size=point.batch_size, actors=self.actors_per_model, progress=False,
-                          num_gpus=self.num_gpus, include_path=self.include_path, log_samples=True, **seeds)
+                          num_gpus=self.num_gpus, include_path=self.include_path, log_samples=True,
+                          metadata=self.metadata, **self.prompt, **seeds)
 
 
 def load_sweep(path: Path) -> Sweep:
@@ -94,6 +101,7 @@ def load_sweep(path: Path) -> Sweep:
         actors_per_model=_positive(r, top, "actors_per_model", int, 1),
         num_gpus=_positive(r, top, "num_gpus", (int, float), None, allow_zero=True),
         num_cpus=_positive(r, top, "num_cpus", (int, float), None),
+        prompt=_prompt(r, top), metadata=_plain_mapping(r, top, "metadata"),
     )
     for model in sweep.models:
         for point in sweep.points:
@@ -102,6 +110,31 @@ def load_sweep(path: Path) -> Sweep:
             except RaylmError as e:
                 raise RaylmError(f"{path}: {e}") from e
     return sweep
+
+
+def _prompt(r: NodeReader, top: dict[str, yaml.Node]) -> dict[str, Any]:
+    """The prompt keys as EvalConfig fields: apply_chat_template is true or a template name."""
+    out: dict[str, Any] = {}
+    if "apply_chat_template" in top:
+        out["apply_chat_template"] = r.typed(top["apply_chat_template"], "apply_chat_template", (bool, str),
+                                             "true, false or a template name")
+    if "fewshot_as_multiturn" in top:
+        out["fewshot_as_multiturn"] = r.typed(top["fewshot_as_multiturn"], "fewshot_as_multiturn", bool,
+                                              "true or false")
+    if "system_instruction" in top:
+        out["system_instruction"] = r.typed(top["system_instruction"], "system_instruction", str, "a string")
+    if "chat_template_args" in top:
+        out["chat_template_args"] = _plain_mapping(r, top, "chat_template_args")
+    return out
+
+
+def _plain_mapping(r: NodeReader, top: dict[str, yaml.Node], key: str) -> dict[str, Any] | None:
+    if key not in top:
+        return None
+    node = top[key]
+    if not isinstance(node, yaml.MappingNode):
+        raise r.fail(node, key, "must be a mapping")
+    return yaml.constructor.SafeConstructor().construct_mapping(node, deep=True)
 
 
 def _positive(r: NodeReader, top: dict[str, yaml.Node], key: str, kind: type | tuple[type, ...], default: Any,
@@ -217,6 +250,17 @@ def _model(r: NodeReader, item: yaml.Node, key: str, base: Path, defaults: dict[
         spec = replace(spec, max_length=tokens)
     if "revision" in fields:
         spec = replace(spec, revision=str(r.scalar(fields["revision"], f"{key}.revision")))
+    if "peft" in fields:
+        adapter = r.typed(fields["peft"], f"{key}.peft", str, "an adapter directory or hub id")
+        spec = replace(spec, peft=_model_path(adapter, base))
+    if "add_bos_token" in fields:
+        spec = replace(spec, add_bos_token=r.typed(fields["add_bos_token"], f"{key}.add_bos_token", bool,
+                                                   "true or false"))
+    if "prefix_token_id" in fields:
+        token = r.typed(fields["prefix_token_id"], f"{key}.prefix_token_id", int, "a token id")
+        if token < 0:
+            raise r.fail(fields["prefix_token_id"], f"{key}.prefix_token_id", f"must be 0 or more, got {token}")
+        spec = replace(spec, prefix_token_id=token)
     for field, what, allowed in (("scorer", "scorer", SCORERS), ("pll", "PLL variant", PLL_VARIANTS)):
         if field in fields:
             value = r.typed(fields[field], f"{key}.{field}", str, "a string")
@@ -244,19 +288,27 @@ def _default_name(spec: ModelSpec) -> str:
         name += f"-{spec.dtype}"
     if spec.pll != PLL_VARIANTS[0]:
         name += f"-{spec.pll}"
+    if spec.peft is not None:
+        name += f"-{Path(spec.peft).name}"
     return f"{name}-{spec.quantization}" if spec.quantization else name
 
 
 def _points(r: NodeReader, grid: dict[str, yaml.Node]) -> tuple[SweepPoint, ...]:
     shots = [None if v is None else _count(r, n, v, "settings.num_fewshot", 0)
              for n, v in r.values(grid["num_fewshot"], "settings.num_fewshot")] if "num_fewshot" in grid else [None]
-    limits = [None if v is None else _count(r, n, v, "settings.limit", 1)
-              for n, v in r.values(grid["limit"], "settings.limit")] if "limit" in grid else [None]
+    limits = [None if v is None else _limit(r, n, v) for n, v in r.values(grid["limit"], "settings.limit")] \
+        if "limit" in grid else [None]
     batches = [_batch_size(r, n, v) for n, v in r.values(grid["batch_size"], "settings.batch_size")] \
         if "batch_size" in grid else [None]
     return tuple(SweepPoint(f"{'default' if k is None else k}shot-limit{limit or 'all'}-batch{batch or 'auto'}", k,
                             limit, batch)
                  for k, limit, batch in itertools.product(shots, limits, batches))
+
+
+def _limit(r: NodeReader, node: yaml.Node, value: Any) -> int | float:
+    """A document count, or below 1 a fraction of each task's documents (raylm eval's --limit)."""
+    value = int(value) if isinstance(value, float) and value >= 1 and value.is_integer() else value
+    return r.checked(node, "settings.limit", lambda v: check_limit(v, "limit"), value)
 
 
 def _batch_size(r: NodeReader, node: yaml.Node, value: Any) -> int | None:
