@@ -302,6 +302,15 @@ def output_dir(args: argparse.Namespace) -> Path:
     return args.output
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line, lm-eval's spellings and --model_args included (raylm.cli_lmeval), as raylm's settings."""
+    parser = build_parser()
+    args = parser.parse_args(translate(argv, eval_options(parser)))
+    if args.command == "eval":
+        apply_model_args(args, eval_parser(parser))
+    return args
+
+
 def error_message(error: RaylmError, out: Path) -> str:
     """The one line to print; an actor's traceback goes to a file under the output directory, named in the line."""
     if not isinstance(error, RemoteError):
@@ -318,18 +327,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # lm-eval narrates every task it loads and builds at INFO (57 of them for MMLU); its warnings still show.
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
-    parser = build_parser()
     try:
-        argv = translate(sys.argv[1:] if argv is None else argv, eval_options(parser))
+        args = parse_args(sys.argv[1:] if argv is None else argv)
     except RaylmError as e:
         print(f"raylm: error: {e}", file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
     if args.command == "eval" and args.verbosity:
         logging.getLogger().setLevel(args.verbosity)
     try:
-        if args.command == "eval":
-            apply_model_args(args, eval_parser(parser))
         return getattr(args, "run", run_eval)(args)
     except RaylmError as e:
         print(f"raylm: error: {error_message(e, output_dir(args))}", file=sys.stderr)
