@@ -26,8 +26,9 @@ ALLOWED = {
     "evaluate": {"cluster", "config", "models", "requests", "results", "scoring", "tasks"},
     "sweep": {"cluster", "config", "data", "evaluate", "models", "results", "scoring", "tasks"},
     "probe": {"data", "models", "results", "scoring"},
-    "cli": {"cluster", "config", "corpus", "data", "evaluate", "models", "probe", "requests", "results", "scoring",
-            "sweep", "tasks"},
+    "cli_lmeval": {"config"},
+    "cli": {"cli_lmeval", "cluster", "config", "corpus", "data", "evaluate", "models", "probe", "requests", "results",
+            "scoring", "sweep", "tasks"},
     "api": {"cluster", "config", "models", "requests", "scoring", "tasks"},
     "__main__": {"cli"},
 }
