@@ -245,3 +245,29 @@ def test_unsorted_samples_select_the_same_documents(env, scored):
     shuffled = {task: list(reversed(run["samples"][task])) for task in tasks}
     ours = raylm_run(config(env, {**run, "tasks": tasks, "samples": shuffled}))["tasks"]
     assert ours == {NATIVE.get(t, t): scored("samples-2shot")["tasks"][NATIVE.get(t, t)] for t in tasks}
+
+
+def test_an_lm_eval_command_line_runs_end_to_end_and_records_the_template(env, ray_session, tmp_path):
+    """The golden chat run as a user types it with lm-eval's spellings, through Ray: lm-eval's metrics, and the
+    template and its hash at the top of results.json under lm-eval's keys."""
+    from raylm.cli import main
+
+    golden = GOLDEN["runs"]["chat-2shot-multiturn"]
+    out = tmp_path / "out"
+    argv = ["eval", "--model", "hf", "--model_args", f"pretrained={env['models']['chat']},dtype=float32",
+            "--tasks", "hellaswag,arc_easy_local", "--include_path", str(env["tasks"]), "--data-dir",
+            str(env["data"]), "--apply_chat_template", "--num_fewshot", "2", "--limit", "8", "--output_path",
+            str(out), "--log_samples", "--no-progress"]
+    assert main(argv) == 0
+    written = json.loads((out / "results.json").read_text())
+    assert written["chat_template"] == golden["chat_template"]
+    assert written["chat_template_sha"] == golden["chat_template_sha"]
+    assert written["fewshot_as_multiturn"] is True and written["config"]["apply_chat_template"] is True
+    for ours, theirs in (("hellaswag", "hellaswag_parity"), ("arc_easy_local", "arc_easy_local")):
+        for metric in ("acc,none", "acc_norm,none"):
+            assert written["results"][ours][metric] == pytest.approx(golden["results"][theirs][metric], abs=1e-12)
+    import pyarrow.parquet as pq
+
+    logged = pq.read_table(out / "samples" / "arc_easy_local.parquet").to_pylist()
+    first = golden["samples"]["arc_easy_local"][0]
+    assert [r["arguments"] for r in logged if r["doc_id"] == first["doc_id"]] == first["arguments"]
