@@ -65,7 +65,8 @@ def fingerprint(spec: ModelSpec, tasks: tuple[str, ...], tables: dict[str, tuple
     `spec` must be pinned (raylm.models.identity.pin_revision): a hub model is then fingerprinted by its
     commit, never by a branch name that can move."""
     return {
-        "model": {**spec.as_dict(), "files": model_digest(spec), "adapter_files": adapter_digest(spec)},
+        "model": {**spec.as_dict(), "files": model_digest(spec),
+                  **({"adapter_files": adapter_digest(spec)} if spec.peft is not None else {})},
         "tasks": list(tasks),
         "data": {name: table_digest(table) for name, (_, table) in tables.items()},
         "num_fewshot": num_fewshot,
