@@ -93,3 +93,36 @@ def test_hflms_tokenisation_knobs_are_refused_for_a_masked_lm(tiny_bert, knob):
 
     with pytest.raises(RaylmError, match="applies to causal LMs"):
         driver_encoder(ModelSpec(str(tiny_bert), **knob))
+
+
+def test_sweep_files_take_the_prompt_adapter_and_tokenisation_keys(tmp_path):
+    from raylm.sweep.config import load_sweep
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(f"""models:
+  - path: {STORIES}
+    peft: {ADAPTER}
+    add_bos_token: false
+    prefix_token_id: 2
+tasks: [hellaswag]
+apply_chat_template: chatml
+fewshot_as_multiturn: false
+system_instruction: Pick one.
+chat_template_args: {{enable_thinking: false}}
+metadata: {{max_seq_lengths: [4096]}}
+settings:
+  limit: [0.1, 20]
+""")
+    sweep = load_sweep(path)
+    (model,) = sweep.models
+    assert model.name == f"stories260K-hf-{ADAPTER.name}"
+    assert (model.spec.peft, model.spec.add_bos_token, model.spec.prefix_token_id) == (str(ADAPTER), False, 2)
+    configs = [sweep.config(model, point) for point in sweep.points]
+    assert [c.limit for c in configs] == [0.1, 20]
+    assert {(c.apply_chat_template, c.multiturn, c.system_instruction) for c in configs} == {("chatml", False,
+                                                                                               "Pick one.")}
+    assert configs[0].chat_template_args == {"enable_thinking": False}
+    assert configs[0].metadata == {"max_seq_lengths": [4096]}
+    path.write_text(path.read_text().replace("limit: [0.1, 20]", "limit: [1.5]"))
+    with pytest.raises(RaylmError, match="line 13: settings.limit: limit must be"):
+        load_sweep(path)
