@@ -271,3 +271,24 @@ def test_an_lm_eval_command_line_runs_end_to_end_and_records_the_template(env, r
     logged = pq.read_table(out / "samples" / "arc_easy_local.parquet").to_pylist()
     first = golden["samples"]["arc_easy_local"][0]
     assert [r["arguments"] for r in logged if r["doc_id"] == first["doc_id"]] == first["arguments"]
+
+
+def test_simple_evaluate_on_raylm_renders_the_template_as_on_hflm(env, ray_session):
+    """lm-eval's Python API with RayLM in HFLM's place: lm-eval renders the chat prompts through RayLM's
+    apply_chat_template, and its numbers are the golden HFLM run's."""
+    import lm_eval
+
+    from raylm.api import RayLM
+    from raylm.tasks.lmeval.names import select
+
+    golden = GOLDEN["runs"]["chat-2shot-multiturn"]
+    with RayLM(pretrained=str(env["models"]["chat"]), dtype="float32", actors=1) as lm:
+        out = lm_eval.simple_evaluate(model=lm, tasks=["arc_easy_local"], num_fewshot=2, limit=8,
+                                      task_manager=select(["arc_easy_local"], env["tasks"]).manager,
+                                      apply_chat_template=True, fewshot_as_multiturn=True, bootstrap_iters=0)
+        assert lm.chat_template(True) == golden["chat_template"]
+    for metric in ("acc,none", "acc_norm,none"):
+        assert out["results"]["arc_easy_local"][metric] == pytest.approx(golden["results"]["arc_easy_local"][metric],
+                                                                          abs=1e-12)
+    first = golden["samples"]["arc_easy_local"][0]
+    assert [list(a) for a in out["samples"]["arc_easy_local"][0]["arguments"]] == first["arguments"]
