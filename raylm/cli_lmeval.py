@@ -191,6 +191,8 @@ def apply_model_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     """Spread --model_args over args; `--model hf` (lm-eval's model type) then means HFLM, whose `pretrained` is
     raylm's --model. Every key raylm does not take, or that contradicts a flag also given, is a one-line error."""
     given = parse_pairs(args.model_args, "--model_args") if args.model_args else {}
+    if isinstance(args.chat_template_args, list):
+        args.chat_template_args = parse_pairs(args.chat_template_args, "--chat-template-args")
     if args.model in HF_MODEL_TYPES and "pretrained" in given:
         args.model = None
     elif args.model in HF_MODEL_TYPES:

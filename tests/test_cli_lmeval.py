@@ -49,6 +49,9 @@ LINES = [
     ("lm_eval -a pretrained=gpt2 -t hellaswag,winogrande -f 5 -b 4 -o out -s -L 10 --trust_remote_code",
      {"model.path": "gpt2", "tasks": ("hellaswag", "winogrande"), "num_fewshot": 5, "batch_size": 4,
       "output": Path("out"), "log_samples": True, "limit": 10, "model.trust_remote_code": True}),
+    ("lm_eval --model_args pretrained=gpt2,enable_thinking=False --apply_chat_template "
+     "--chat_template_args reasoning_effort=low --tasks arc_easy",
+     {"chat_template_args": {"reasoning_effort": "low", "enable_thinking": False}}),
     ("lm_eval --model_args pretrained=gpt2 --model_args dtype=half --tasks wikitext --verbosity DEBUG",
      {"model.path": "gpt2", "model.dtype": "float16", "tasks": ("wikitext",)}),
 ]
