@@ -257,6 +257,13 @@ OTHER_HELPERS_PAGES = {"numerics.md", "scoring.md", "contamination.md", "sweeps.
                        "failures-and-resume.md"}
 
 
+def test_the_data_path_page_names_every_module():
+    text = (REPO / "docs" / "how-it-works.md").read_text()
+    missing = [str(p.relative_to(REPO)) for p in sorted((REPO / "raylm").rglob("*.py"))
+               if p.name != "__init__.py" and f"`{p.name}`" not in text]
+    assert not missing, f"docs/how-it-works.md does not place {missing}"
+
+
 def cli_reference() -> str:
     """docs/cli.md's generated part: each subcommand's --help at a fixed width."""
     from raylm.cli import build_parser
