@@ -34,6 +34,7 @@ from raylm.models.identity import pin_revision, scored_commit
 from raylm.requests.lmeval import describe_problems, request_table
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS, LMEVAL_KIND, make_shards
 from raylm.models.spec import ModelSpec, check_model_path
+from raylm.models.chat import ChatTemplate
 from raylm.models.loading import load_config, load_tokenizer, resolve_scorer
 from raylm.tasks.lmeval.build import Request
 
@@ -50,11 +51,17 @@ class RayLM(LM):
                  revision: str | None = None, trust_remote_code: bool = False, allow_pickle: bool = False,
                  batch_size: int | str | None = None, shard_size: int = DEFAULT_SHARD_REQUESTS,
                  num_gpus: float | None = None, load_in_4bit: bool = False, load_in_8bit: bool = False,
-                 max_length: int | None = None, progress: bool = False) -> None:
+                 max_length: int | None = None, peft: str | None = None, add_bos_token: bool | None = None,
+                 prefix_token_id: int | None = None, chat_template_args: dict[str, Any] | None = None,
+                 enable_thinking: bool | None = None, progress: bool = False) -> None:
         super().__init__()
         quantization = "4bit" if load_in_4bit else "8bit" if load_in_8bit else None
-        spec = ModelSpec(str(pretrained), dtype, device or "auto", revision, trust_remote_code, allow_pickle,
-                         quantization, max_length=int(max_length) if max_length is not None else None)
+        spec = ModelSpec(
+            str(pretrained), dtype, device or "auto", revision, trust_remote_code, allow_pickle, quantization,
+            max_length=int(max_length) if max_length is not None else None, peft=peft, add_bos_token=add_bos_token,
+            prefix_token_id=int(prefix_token_id) if prefix_token_id is not None else None)
+        if enable_thinking:
+            raise RaylmError("enable_thinking=True is not compatible with loglikelihood tasks (HFLM refuses it too)")
         spec.validate()
         check_model_path(spec)
         self.revision = revision
@@ -69,7 +76,15 @@ class RayLM(LM):
             raise RaylmError(f"'{pretrained}' is a masked LM: RayLM scores causal LMs; score masked LMs on lm-eval's "
                              "tasks with `raylm eval --model ... --tasks ...`")
         self.tokenizer = load_tokenizer(self.spec)
-        self.encoder = Encoder(self.tokenizer, context_length(self.spec, config, "causal", self.tokenizer))
+        try:
+            self.encoder = Encoder(self.tokenizer, context_length(self.spec, config, "causal", self.tokenizer),
+                                   self.spec.add_bos_token, self.spec.prefix_token_id)
+        except ValueError as e:
+            raise RaylmError(str(e)) from e
+        # HFLM's: chat_template_args with enable_thinking folded in (True is refused when a template is applied).
+        self.chat_template_args = {**(chat_template_args or {}),
+                                   **({} if enable_thinking is None else {"enable_thinking": enable_thinking})}
+        self._templates: dict[str | None, ChatTemplate] = {}
         # simple_evaluate names a model object by model.config._name_or_path, as HFLM's config has it.
         self.config = SimpleNamespace(_name_or_path=str(pretrained))
         connect(min_cpus=local_cpus_needed(actors))
@@ -85,14 +100,42 @@ class RayLM(LM):
     def eot_token_id(self) -> int | None:
         return self.tokenizer.eos_token_id
 
+    @property
+    def prefix_token_id(self) -> int:
+        return self.encoder.prefix_token
+
+    @property
+    def tokenizer_name(self) -> str:
+        """HFLM's: what lm-eval keys its request cache by when a chat template is applied."""
+        return self.tokenizer.name_or_path.replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        """The template lm-eval records in results.json (HFLM's choice: named, or the tokenizer's default)."""
+        if chat_template is False or chat_template is None:
+            return None
+        return self._template(None if chat_template is True else chat_template).source
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """HFLM.apply_chat_template: the tokenizer's default template, with chat_template_args."""
+        return self._template(None)(chat_history, add_generation_prompt)
+
+    def _template(self, name: str | None) -> ChatTemplate:
+        if name not in self._templates:
+            self._templates[name] = ChatTemplate(self.tokenizer, name, self.chat_template_args)
+        return self._templates[name]
+
     def get_model_info(self) -> dict[str, Any]:
         """What HFLM.get_model_info adds to results' config, as far as the driver knows it (no weights here): the
-        revision as asked, and the commit every actor loaded."""
+        revision as asked, and the commits every actor loaded."""
         info: dict[str, Any] = {"model_dtype": self.spec.dtype}
         if self.revision is not None:
             info["model_revision"] = self.revision
         commit = scored_commit(self.spec)
-        return {**info, "model_sha": commit} if commit else info
+        if commit:
+            info["model_sha"] = commit
+        if self.spec.peft_revision:
+            info["peft_sha"] = self.spec.peft_revision
+        return info
 
     def loglikelihood(self, requests: list[Instance]) -> list[tuple[float, bool]]:
         """(summed log-probability of the continuation, whether it is the greedy decode) per (context,

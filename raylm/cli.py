@@ -11,6 +11,7 @@ from pathlib import Path
 from raylm.corpus.read import DEFAULT_DOCS_PER_BATCH, FORMATS as CORPUS_FORMATS
 from raylm.results.atomic import write_atomic
 from raylm.errors import RaylmError, RemoteError
+from raylm.cli_lmeval import PairsAction, apply_model_args, parse_pairs, read_samples, translate
 from raylm.config import (DEFAULT_BOOTSTRAP_ITERS, DEFAULT_FEWSHOT_SEED, DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED,
                           EvalConfig, parse_batch_size)
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
@@ -47,16 +48,57 @@ def _seeds(text: str) -> tuple[int | None, ...]:
 DEFAULT_SEEDS = (DEFAULT_RANDOM_SEED, DEFAULT_OTHER_SEED, DEFAULT_OTHER_SEED, DEFAULT_FEWSHOT_SEED)
 
 
+def _limit(text: str) -> int | float:
+    """lm-eval's --limit: N documents, or below 1 a fraction of each task's."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    # Checked with the rest of the run's settings (EvalConfig.validate), so a bad value is a one-line error.
+    return int(value) if value >= 1 and value.is_integer() else value
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raylm", description="Evaluate language models on Ray actors.")
     sub = parser.add_subparsers(dest="command", required=True)
     ev = sub.add_parser("eval", help="score native and lm-evaluation-harness loglikelihood tasks")
     ev.add_argument("--demo", action="store_true", help="packaged stories260K model and data samples, offline")
-    ev.add_argument("--model", help="hub id or local directory")
-    ev.add_argument("--tasks", default=",".join(TASKS),
-                    help=f"comma-separated: native ({', '.join(TASKS)}) or any lm-eval task, group, tag or pattern")
+    ev.add_argument("--model", help="hub id or local directory (or lm-eval's model type hf, with --model-args)")
+    ev.add_argument("--model-args", nargs="+", action=PairsAction, metavar="KEY=VALUE",
+                    help="lm-eval's --model_args: pretrained=...,dtype=...,revision=...,peft=..., or a JSON object")
+    ev.add_argument("--tasks", nargs="+", default=[",".join(TASKS)],
+                    help=f"comma- or space-separated: native ({', '.join(TASKS)}) or any lm-eval task, group, tag or "
+                         "pattern")
     ev.add_argument("--include-path", type=Path, help="directory of your own lm-eval task YAMLs (lm-eval's flag)")
-    ev.add_argument("--limit", type=int, help="first N documents of each task")
+    ev.add_argument("--limit", type=_limit, help="first N documents of each task, or below 1 a fraction of them")
+    ev.add_argument("--samples", type=read_samples, metavar="JSON|FILE",
+                    help='lm-eval\'s --samples: {"task": [document indices]} (not with --limit)')
+    ev.add_argument("--metadata", nargs="+", action=PairsAction, metavar="KEY=VALUE",
+                    help="lm-eval's --metadata for its tasks (merged over the model's arguments, as lm-eval does)")
+    ev.add_argument("--apply-chat-template", nargs="?", const=True, default=False, metavar="NAME",
+                    help="render prompts with the tokenizer's chat template (or the one named), as lm-eval does")
+    ev.add_argument("--fewshot-as-multiturn", nargs="?", const=True, default=None, type=_bool, metavar="BOOL",
+                    help="few-shot examples as chat turns (default: true with --apply-chat-template)")
+    ev.add_argument("--system-instruction", metavar="TEXT", help="system instruction put before every prompt")
+    ev.add_argument("--chat-template-args", nargs="+", action=PairsAction, metavar="KEY=VALUE",
+                    help="extra arguments for the chat template, e.g. enable_thinking=false")
+    ev.add_argument("--peft", metavar="PATH", help="adapter (local directory or hub id) loaded onto the model, as "
+                                                   "HFLM's peft= (pip install \"raylm[peft]\")")
+    ev.add_argument("--add-bos-token", nargs="?", const=True, default=None, type=_bool, metavar="BOOL",
+                    help="HFLM's add_bos_token (default: the tokenizer's own)")
+    ev.add_argument("--prefix-token-id", type=int, metavar="ID",
+                    help="HFLM's prefix_token_id: the token empty contexts and rolling windows start from "
+                         "(default BOS, else EOS)")
+    ev.add_argument("--verbosity", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+                    help="log level (lm-eval's --verbosity)")
     ev.add_argument("--num-fewshot", type=int, help="few-shot examples (default: each lm-eval task's own; native 0)")
     ev.add_argument("--max-length", type=int, help="context length requests are left-truncated to and rolling "
                                                    "windows cut to (lm-eval's max_length; default: the model's)")
@@ -112,6 +154,17 @@ def model_spec(args: argparse.Namespace, path: str, revision: str | None, **fiel
                      quantization, **fields)
 
 
+def eval_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The `eval` subcommand's parser (argparse keeps subparsers in its private action table)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["eval"]
+
+
+def eval_options(parser: argparse.ArgumentParser) -> set[str]:
+    """Every long option `raylm eval` takes, for lm-eval's spellings of them (raylm.cli_lmeval.translate)."""
+    return {s for a in eval_parser(parser)._actions for s in a.option_strings if s.startswith("--")}
+
+
 def add_scorer_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scorer", default="auto", choices=list(SCORERS),
                         help="causal LM or masked LM (pseudo-log-likelihood); auto: from the model's config")
@@ -126,14 +179,22 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         data_dir = data_dir or DEMO_DATA
     if not model:
         raise RaylmError("--model is required (or use --demo)")
-    spec = model_spec(args, model, args.revision, scorer=args.scorer, pll=args.pll, max_length=args.max_length)
-    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    if args.load_in_4bit and args.load_in_8bit:
+        raise RaylmError("--load-in-4bit and --load-in-8bit: choose one")
+    spec = model_spec(args, model, args.revision, scorer=args.scorer, pll=args.pll, max_length=args.max_length,
+                      peft=args.peft, add_bos_token=args.add_bos_token, prefix_token_id=args.prefix_token_id)
+    tasks = tuple(t.strip() for item in args.tasks for t in item.split(",") if t.strip())
     random_seed, numpy_seed, torch_seed, fewshot_seed = args.seed
+    chat_args = args.chat_template_args if isinstance(args.chat_template_args, dict) else \
+        parse_pairs(args.chat_template_args, "--chat-template-args") if args.chat_template_args else None
     return EvalConfig(spec, tasks, data_dir, args.limit, args.num_fewshot, fewshot_seed, args.batch_size, args.actors,
                       args.shard_size, not args.no_progress, args.output, args.overwrite, args.num_gpus,
                       include_path=args.include_path, bootstrap_iters=args.bootstrap_iters, random_seed=random_seed,
                       numpy_seed=numpy_seed, torch_seed=torch_seed, log_samples=args.log_samples,
-                      decontaminate=args.decontaminate)
+                      decontaminate=args.decontaminate, samples=args.samples,
+                      metadata=parse_pairs(args.metadata, "--metadata") if args.metadata else None,
+                      apply_chat_template=args.apply_chat_template, fewshot_as_multiturn=args.fewshot_as_multiturn,
+                      system_instruction=args.system_instruction, chat_template_args=chat_args)
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -343,6 +404,15 @@ def output_dir(args: argparse.Namespace) -> Path:
     return args.output
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line, lm-eval's spellings and --model_args included (raylm.cli_lmeval), as raylm's settings."""
+    parser = build_parser()
+    args = parser.parse_args(translate(argv, eval_options(parser)))
+    if args.command == "eval":
+        apply_model_args(args, eval_parser(parser))
+    return args
+
+
 def error_message(error: RaylmError, out: Path) -> str:
     """The one line to print; an actor's traceback goes to a file under the output directory, named in the line."""
     if not isinstance(error, RemoteError):
@@ -359,7 +429,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # lm-eval narrates every task it loads and builds at INFO (57 of them for MMLU); its warnings still show.
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
-    args = build_parser().parse_args(argv)
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+    except RaylmError as e:
+        print(f"raylm: error: {e}", file=sys.stderr)
+        return 2
+    if args.command == "eval" and args.verbosity:
+        logging.getLogger().setLevel(args.verbosity)
     try:
         return getattr(args, "run", run_eval)(args)
     except RaylmError as e:

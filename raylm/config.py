@@ -5,8 +5,10 @@ It lives apart from the driver so that parsing a command line or a sweep file ne
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
@@ -35,7 +37,7 @@ class EvalConfig:
     model: ModelSpec
     tasks: tuple[str, ...]  # native names, or any lm-eval task, group, tag or pattern
     data_dir: Path | None = None
-    limit: int | None = None
+    limit: int | float | None = None  # N documents per task, or below 1 a fraction of them (lm-eval's rule)
     num_fewshot: int | None = None  # None: each lm-eval task's own default (native tasks: 0)
     fewshot_seed: int | None = DEFAULT_FEWSHOT_SEED  # the few-shot sampler's (lm-eval's fewshot_random_seed)
     batch_size: int | None = None
@@ -55,11 +57,37 @@ class EvalConfig:
     # A `raylm contamination` output (directory or its contamination.json): every metric is also computed on the
     # documents it found clean, as `<metric>_decontaminate`.
     decontaminate: Path | None = None
+    # lm-eval's --samples: task -> the indices of the documents to evaluate (others run in full), sorted
+    samples: dict[str, list[int]] | None = None
+    metadata: dict[str, Any] | None = None  # lm-eval's --metadata, handed to its tasks with the model's arguments
+    # lm-eval's prompt settings: True (the tokenizer's default template) or a template name; multiturn few-shot
+    # (None: on exactly when a chat template is); a system instruction; the template's extra keyword arguments.
+    apply_chat_template: bool | str = False
+    fewshot_as_multiturn: bool | None = None
+    system_instruction: str | None = None
+    chat_template_args: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # lm-eval evaluates --samples documents in file order whatever order they are listed in, and labels each
+        # by its place in the list; sorted, the label is the document's own index (the same documents either way).
+        if isinstance(self.samples, dict):
+            object.__setattr__(self, "samples", {
+                k: sorted(v) if isinstance(v, list) and all(isinstance(i, int) for i in v) else v
+                for k, v in self.samples.items()})
 
     @property
     def lmeval_tasks(self) -> tuple[str, ...]:
         """The names lm-eval resolves: every name raylm does not implement natively."""
         return tuple(name for name in self.tasks if name not in TASKS)
+
+    @property
+    def multiturn(self) -> bool:
+        """lm-eval's CLI default: few-shot examples as turns whenever a chat template is applied."""
+        return bool(self.apply_chat_template) if self.fewshot_as_multiturn is None else self.fewshot_as_multiturn
+
+    @property
+    def chat_template_name(self) -> str | None:
+        return self.apply_chat_template if isinstance(self.apply_chat_template, str) else None
 
     @property
     def seeds(self) -> tuple[int | None, int | None, int | None, int | None]:
@@ -81,8 +109,13 @@ class EvalConfig:
             require_lm_eval_for_include_path()
         if self.bootstrap_iters < 0:
             raise RaylmError(f"--bootstrap-iters must be 0 or more, got {self.bootstrap_iters}")
-        if self.limit is not None and self.limit < 1:
-            raise RaylmError(f"--limit must be a positive number of documents, got {self.limit}")
+        check_limit(self.limit)
+        if self.samples is not None:
+            check_samples(self.samples, self.limit)
+        if self.fewshot_as_multiturn and not self.apply_chat_template:
+            raise RaylmError("--fewshot-as-multiturn needs --apply-chat-template (as in lm-eval)")
+        if self.chat_template_args and not self.apply_chat_template:
+            raise RaylmError("chat_template_args apply only with --apply-chat-template")
         if self.num_fewshot is not None and self.num_fewshot < 0:
             raise RaylmError(f"--num-fewshot must be 0 or more, got {self.num_fewshot}")
         if self.actors is not None and self.actors < 1:
@@ -99,3 +132,35 @@ class EvalConfig:
         if self.num_cpus is not None and self.num_cpus <= 0:
             raise RaylmError(f"CPUs per actor must be more than 0, got {self.num_cpus}")
         self.model.validate()
+
+
+def check_limit(limit: int | float | None, what: str = "--limit") -> None:
+    """lm-eval reads a limit below 1 as a fraction of each task's documents (ceil(n * limit)), else as a count;
+    a count that is not whole (lm-eval truncates 2.5 to 2) is refused, as is anything not above 0."""
+    if limit is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0 or \
+            (limit >= 1 and not float(limit).is_integer()):
+        raise RaylmError(f"{what} must be a number of documents (1, 2, ...) or a fraction of them below 1 "
+                         f"(0.1 = 10%), got {limit!r}")
+
+
+def limited(n_docs: int, limit: int | float | None) -> int:
+    """How many of a task's n_docs documents --limit keeps (lm_eval.evaluator_utils.get_sample_size)."""
+    if limit is None:
+        return n_docs
+    return min(n_docs, math.ceil(n_docs * limit) if limit < 1 else int(limit))
+
+
+def check_samples(samples: Any, limit: int | float | None) -> None:
+    """lm-eval's --samples: a mapping of task name to document indices, not combined with --limit."""
+    if limit is not None:
+        raise RaylmError("--samples and --limit cannot be combined (as in lm-eval)")
+    if not isinstance(samples, dict) or not samples:
+        raise RaylmError("--samples must map task names to lists of document indices, e.g. {\"arc_easy\": [0, 3]}")
+    for task, indices in samples.items():
+        if not isinstance(indices, list) or not indices or \
+                not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices):
+            raise RaylmError(f"--samples: {task} must list document indices (integers 0 or more), got {indices!r}")
+        if len(set(indices)) != len(indices):
+            raise RaylmError(f"--samples: {task} lists a document more than once")

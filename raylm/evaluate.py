@@ -27,7 +27,7 @@ from raylm.cluster.runtime import (
 )
 from raylm.cluster.scheduler import ScheduleReport, score_shards
 from raylm.cluster.scored import ScoredShard
-from raylm.config import EvalConfig
+from raylm.config import EvalConfig, limited
 from raylm.errors import RaylmError
 from raylm.models.context import context_length
 from raylm.models.identity import pin_revision, scored_commit
@@ -44,6 +44,7 @@ from raylm.results.report import EvalResult, TaskResult, prefix_sharing, run_sum
 from raylm.results.sums import merge, shard_sums
 from raylm.tasks import ChoiceDoc, get_task
 from raylm.tasks.base import with_fewshot
+from raylm.tasks.prompt import PLAIN, PromptFormat, render
 
 if TYPE_CHECKING:
     from raylm.tasks.lmeval.build import Built
@@ -72,7 +73,14 @@ def load_task_docs(cfg: EvalConfig) -> TaskDocs:
         if not docs:
             raise RaylmError(f"{name}: no documents to evaluate ({cfg.data_dir or 'the hub'} gave none)")
         original = len(docs)
-        docs = docs[: cfg.limit] if cfg.limit else docs
+        indices = (cfg.samples or {}).get(name)
+        if indices:
+            if indices[-1] >= original:
+                raise RaylmError(f"--samples: {name} has {original} documents; index {indices[-1]} is out of range")
+            chosen = set(indices)
+            docs = [d for i, d in enumerate(docs) if i in chosen]
+        else:
+            docs = docs[: limited(original, cfg.limit)]
         if cfg.num_fewshot and task.kind == "multiple_choice":
             if task.load_fewshot_pool is None:
                 raise RaylmError(f"{name}: has no few-shot pool")
@@ -97,9 +105,26 @@ def select_lmeval(cfg: EvalConfig) -> Selection | None:
         return None
     from raylm.tasks.lmeval.names import select
 
-    selection = select(cfg.lmeval_tasks, cfg.include_path)
+    selection = select(cfg.lmeval_tasks, cfg.include_path, lmeval_metadata(cfg))
     _refuse_native_clash(cfg, selection.leaves)
+    if cfg.samples:
+        _refuse_unknown_samples(cfg, selection.leaves)
     return selection
+
+
+def lmeval_metadata(cfg: EvalConfig) -> dict[str, Any]:
+    """What lm-eval's CLI hands its TaskManager: the model's arguments, then --metadata over them."""
+    return {**cfg.model.lmeval_model_args(), **(cfg.metadata or {})}
+
+
+def _refuse_unknown_samples(cfg: EvalConfig, lmeval_leaves: Iterable[str]) -> None:
+    """lm-eval ignores --samples entries for tasks it does not run; a misspelt name would then run that task in
+    full, so raylm names it instead."""
+    known = (set(cfg.tasks) - set(cfg.lmeval_tasks)) | set(lmeval_leaves)
+    unknown = sorted(set(cfg.samples or {}) - known)
+    if unknown:
+        raise RaylmError(f"--samples names {', '.join(unknown)}, which this run does not evaluate (its tasks: "
+                         f"{', '.join(sorted(known))})")
 
 
 def _refuse_native_clash(cfg: EvalConfig, lmeval_tasks: Iterable[str]) -> None:
@@ -110,25 +135,41 @@ def _refuse_native_clash(cfg: EvalConfig, lmeval_tasks: Iterable[str]) -> None:
                          "or rename it)")
 
 
-def encode_task_requests(docs: TaskDocs, encoder: Encoder | MaskedEncoder) -> Tables:
-    """Every native task's requests as an Arrow table of token ids."""
-    return {name: (get_task(name).kind, build_requests(get_task(name), task_docs, encoder))
-            for name, (task_docs, _) in docs.items()}
+def encode_task_requests(docs: TaskDocs, encoder: Encoder | MaskedEncoder, prompt: PromptFormat = PLAIN) -> Tables:
+    """Every native task's requests as an Arrow table of token ids, in the prompt format asked for."""
+    out: Tables = {}
+    for name, (task_docs, _) in docs.items():
+        task = get_task(name)
+        if task.kind == "multiple_choice":
+            task_docs = [render(d, prompt) for d in task_docs]
+        out[name] = (task.kind, build_requests(task, task_docs, encoder))
+    return out
 
 
 def build_task_requests(cfg: EvalConfig, encoder: Encoder | MaskedEncoder) -> tuple[Tables, dict[str, int]]:
     """Every native task's requests, plus each task's document count before --limit (benchmarks and tests)."""
     docs = load_task_docs(cfg)
-    return encode_task_requests(docs, encoder), {name: original for name, (_, original) in docs.items()}
+    prompt = prompt_format(cfg, encoder.tokenizer)
+    return encode_task_requests(docs, encoder, prompt), {name: original for name, (_, original) in docs.items()}
 
 
-def build_lmeval_requests(cfg: EvalConfig, selection: Selection, encoder: Encoder | MaskedEncoder
-                          ) -> tuple[Built, Tables]:
+def prompt_format(cfg: EvalConfig, tokenizer) -> PromptFormat:
+    """The run's system instruction and chat template (raylm.models.chat: chosen and applied as HFLM does)."""
+    chat = None
+    if cfg.apply_chat_template:
+        from raylm.models.chat import ChatTemplate
+
+        chat = ChatTemplate(tokenizer, cfg.chat_template_name, cfg.chat_template_args)
+    return PromptFormat(cfg.system_instruction, chat, cfg.multiturn and chat is not None)
+
+
+def build_lmeval_requests(cfg: EvalConfig, selection: Selection, encoder: Encoder | MaskedEncoder,
+                          prompt: PromptFormat = PLAIN) -> tuple[Built, Tables]:
     """lm-eval's tasks loaded, their requests built in lm-eval's order and seeding, and tokenised into tables."""
     from raylm.requests.lmeval import request_tables
     from raylm.tasks.lmeval.build import load_and_build
 
-    built = load_and_build(selection, cfg.seeds, cfg.num_fewshot, cfg.limit)
+    built = load_and_build(selection, cfg.seeds, cfg.num_fewshot, cfg.limit, cfg.samples, prompt)
     _refuse_native_clash(cfg, built.tasks["tasks"])
     return built, {name: (LMEVAL_KIND, table) for name, table in request_tables(built, encoder).items()}
 
@@ -142,13 +183,22 @@ def driver_encoder(spec: ModelSpec) -> Encoder | MaskedEncoder:
     max_length = context_length(spec, config, kind, tokenizer)
     try:
         if kind == "mlm":
+            _refuse_causal_knobs(spec)
             return MaskedEncoder(tokenizer, max_length)
-        encoder = Encoder(tokenizer, max_length)
+        encoder = Encoder(tokenizer, max_length, spec.add_bos_token, spec.prefix_token_id)
     except ValueError as e:
         raise RaylmError(str(e)) from e
     log.info("empty contexts and rolling windows are conditioned on token %d (%r)", encoder.prefix_token,
              tokenizer.decode(encoder.prefix_token))
     return encoder
+
+
+def _refuse_causal_knobs(spec: ModelSpec) -> None:
+    """HFLM's tokenisation knobs and adapters are a causal LM's; a masked LM would silently ignore them."""
+    for name, value in (("--add-bos-token", spec.add_bos_token), ("--prefix-token-id", spec.prefix_token_id),
+                        ("--peft", spec.peft)):
+        if value is not None:
+            raise RaylmError(f"{name} applies to causal LMs (HFLM's); '{spec.path}' is scored as a masked LM")
 
 
 def scored_spec(spec: ModelSpec, encoder: Encoder | MaskedEncoder) -> ModelSpec:
@@ -177,14 +227,17 @@ class _RayStarted:
 
 
 def _tokenise(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_started: _RayStarted
-              ) -> tuple[Encoder | MaskedEncoder, Tables, Built | None]:
+              ) -> tuple[Encoder | MaskedEncoder, Tables, Built | None, PromptFormat]:
     encoder = driver_encoder(cfg.model)
-    tables = encode_task_requests(docs, encoder)
+    if cfg.apply_chat_template and isinstance(encoder, MaskedEncoder):
+        raise RaylmError(f"--apply-chat-template applies to causal LMs; '{cfg.model.path}' is scored as a masked LM")
+    prompt = prompt_format(cfg, encoder.tokenizer)
+    tables = encode_task_requests(docs, encoder, prompt)
     built = None
     if selection is not None and ray_started.wait():
-        built, lmeval_tables = build_lmeval_requests(cfg, selection, encoder)
+        built, lmeval_tables = build_lmeval_requests(cfg, selection, encoder, prompt)
         tables.update(lmeval_tables)
-    return encoder, tables, built
+    return encoder, tables, built, prompt
 
 
 def run_settings(cfg: EvalConfig) -> dict[str, Any]:
@@ -207,7 +260,7 @@ def run_fingerprint(cfg: EvalConfig) -> dict[str, Any]:
     cfg.validate()
     check_model_path(cfg.model)
     cfg = replace(cfg, model=pin_revision(cfg.model))
-    encoder, tables, _ = _tokenise(cfg, load_task_docs(cfg), select_lmeval(cfg), _RayStarted(True))
+    encoder, tables, _, _ = _tokenise(cfg, load_task_docs(cfg), select_lmeval(cfg), _RayStarted(True))
     return _manifest(cfg, encoder, tables, make_shards(tables, cfg.shard_requests))
 
 
@@ -250,7 +303,7 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
         finally:
             ray_started.open(failed=actors is None and launched is None)
         try:
-            encoder, tables, built = encoded.result()
+            encoder, tables, built, prompt = encoded.result()
             clean, evaluated = clean_documents(cfg, scan, docs, built) if scan is not None else (None, {})
             shards = make_shards(tables, cfg.shard_requests)
             checkpoint = None
@@ -309,7 +362,8 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
              "prefix_sharing": prefix_sharing(scored[s.index].prefix_sharing for s in shards),
              "requests_scored": sum(s.table.num_rows for s in todo), "shards_retried": report.retried,
              "shards_resumed": resumed, "actors_replaced": report.replaced, "ray_gcs_address": gcs_address(),
-             "model_commit": scored_commit(cfg.model),
+             "model_commit": scored_commit(cfg.model), "peft_commit": cfg.model.peft_revision,
+             "chat_template": prompt.chat_template.source if prompt.chat_template is not None else None,
              "scored_with": ", ".join(sorted({scored_with(scored[s.index]) for s in shards}))}
     log.info("%s", run_summary(extra, wall))
     decontamination = scan.summary(clean, evaluated) if scan is not None else None

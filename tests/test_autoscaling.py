@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import shutil
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml

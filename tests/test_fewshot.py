@@ -116,7 +116,7 @@ def test_draws_equal_lm_evals_sampler_when_the_pool_holds_the_evaluated_rows(see
     for doc, shot, row in zip(docs, shots, eval_rows):
         drawn = [by_key[Row("lm-eval", 0, d).content_key()] for d in sampler.sample(k, eval_doc=row.data)]
         assert doc.row_key not in {d.row_key for d in drawn}
-        prefix = "".join(d.solved_example() + "\n\n" for d in drawn)
+        prefix = "".join(q + " " + a + "\n\n" for q, a in (d.solved_example() for d in drawn))
         assert shot.contexts == tuple(prefix + c for c in doc.contexts)
 
 

@@ -31,8 +31,9 @@ ALLOWED = {
     # a corpus job beside corpus/: task queries (tasks) -> n-grams -> a corpus streamed by Ray Data (corpus,
     # cluster) -> overlaps and clean sets (results); membership scores run models on its actors (models, scoring)
     "contamination": {"cluster", "config", "corpus", "models", "requests", "results", "scoring", "tasks"},
-    "cli": {"cluster", "config", "contamination", "corpus", "data", "evaluate", "models", "probe", "requests",
-            "results", "scoring", "sweep", "tasks"},
+    "cli_lmeval": {"config"},
+    "cli": {"cli_lmeval", "cluster", "config", "contamination", "corpus", "data", "evaluate", "models", "probe",
+            "requests", "results", "scoring", "sweep", "tasks"},
     "api": {"cluster", "config", "models", "requests", "scoring", "tasks"},
     "__main__": {"cli"},
 }

@@ -156,7 +156,7 @@ BAD = {
     "bad dtype": ("models:\n  - path: gpt2\n    dtype: fp8\ntasks: [hellaswag]\n",
                   "line 3: models[0].dtype: unknown dtype 'fp8'"),
     "limit zero": ("models: [gpt2]\ntasks: [hellaswag]\nsettings:\n  limit: [5, 0]\n",
-                   "line 4: settings.limit: must be an integer >= 1"),
+                   "line 4: settings.limit: limit must be a number of documents (1, 2, ...) or a fraction"),
     "two quantizations": ("models:\n  - path: gpt2\n    load_in_4bit: true\n    load_in_8bit: true\n"
                           "tasks: [hellaswag]\n",
                           "line 4: models[0].load_in_8bit: conflicts with another quantization"),

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import raylm
 from raylm.cluster.scored import ScoredShard
 from raylm.errors import RaylmError
-from raylm.models.identity import model_digest
+from raylm.models.identity import adapter_digest, model_digest
 from raylm.models.spec import ModelSpec
 from raylm.requests.shards import Shard
 from raylm.results.atomic import write_atomic
@@ -85,7 +85,8 @@ def fingerprint(spec: ModelSpec, tasks: tuple[str, ...], tables: dict[str, tuple
     `spec` must be pinned (raylm.models.identity.pin_revision): a hub model is then fingerprinted by its
     commit, never by a branch name that can move."""
     return {
-        "model": {**spec.as_dict(), "files": model_digest(spec)},
+        "model": {**spec.as_dict(), "files": model_digest(spec),
+                  **({"adapter_files": adapter_digest(spec)} if spec.peft is not None else {})},
         "tasks": list(tasks),
         "data": {name: table_digest(table) for name, (_, table) in tables.items()},
         **settings,

@@ -34,7 +34,11 @@ PROGRESS_BYTES = 256 * 1024**2  # files from this size show a progress bar while
 
 
 def pin_revision(spec: ModelSpec) -> ModelSpec:
-    """The spec with a hub model's revision replaced by the commit it points to now (local dirs unchanged)."""
+    """The spec with a hub model's revision replaced by the commit it points to now (local dirs unchanged), and
+    likewise a hub adapter's (--peft), pinned to its own repository's commit."""
+    if spec.peft is not None and not looks_local(spec.peft) and not (
+            spec.peft_revision is not None and COMMIT.fullmatch(spec.peft_revision)):
+        spec = replace(spec, peft_revision=hub_commit(spec.peft, spec.peft_revision))
     if looks_local(spec.path) or (spec.revision is not None and COMMIT.fullmatch(spec.revision)):
         return spec
     return replace(spec, revision=hub_commit(spec.path, spec.revision))
@@ -159,3 +163,13 @@ def model_digest(spec: ModelSpec) -> str:
     for path in sorted(p for p in root.iterdir() if p.is_file()):
         digest.update(f"{path.name}\0{file_digest(path)}\0".encode())
     return digest.hexdigest()
+
+
+def adapter_digest(spec: ModelSpec) -> str | None:
+    """The --peft adapter's identity beside the base's: its pinned commit, or its directory's contents digested as
+    a model directory's are. None without an adapter."""
+    if spec.peft is None:
+        return None
+    if not looks_local(spec.peft):
+        return f"hub:{spec.peft}@{spec.peft_revision or 'main'}"
+    return model_digest(replace(spec, path=spec.peft, peft=None))

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raylm.errors import RaylmError, first_line
 from raylm.models.devices import Budget, placement_kwargs
 from raylm.models.spec import (
     PLL_VARIANTS,
+    looks_local,
     SCORERS,
     ModelSpec,
     check_choice,
@@ -57,7 +59,10 @@ def _from_transformers(name: str) -> Any:
 
 
 def load_tokenizer(spec: ModelSpec):
-    return _from_pretrained("AutoTokenizer", "the tokenizer", spec)
+    """The tokenizer as HFLM loads it: with add_bos_token passed through when it is set (a Llama tokenizer loaded
+    with add_bos_token=False adds no BOS even when asked for special tokens)."""
+    extra = {} if spec.add_bos_token is None else {"add_bos_token": spec.add_bos_token}
+    return _from_pretrained("AutoTokenizer", "the tokenizer", spec, **extra)
 
 
 def load_config(spec: ModelSpec):
@@ -66,10 +71,10 @@ def load_config(spec: ModelSpec):
     return _from_pretrained("AutoConfig", "the config", spec)
 
 
-def _from_pretrained(auto_class: str, what: str, spec: ModelSpec) -> Any:
+def _from_pretrained(auto_class: str, what: str, spec: ModelSpec, **extra: Any) -> Any:
     try:
         return _from_transformers(auto_class).from_pretrained(model_source(spec), revision=spec.revision,
-                                                              trust_remote_code=spec.trust_remote_code)
+                                                              trust_remote_code=spec.trust_remote_code, **extra)
     except (OSError, ValueError) as e:
         raise RaylmError(f"could not load {what} of '{spec.path}': {first_line(e)}") from e
 
@@ -169,10 +174,33 @@ def load_model(spec: ModelSpec, kind: str = "causal", gpus: int = 1,
         raise RaylmError(f"could not load model '{spec.path}': {first_line(e)}") from e
     if kind == "mlm":
         _refuse_missing_head(spec, model, info["missing_keys"])
+    if spec.peft is not None:
+        _load_adapter(spec, model)
     _use_fused_tanh_gelu(model)
     if spec.quantization:
         _avoid_unpackable_cpu_4bit(model)
     return model.eval()
+
+
+def _load_adapter(spec: ModelSpec, model: torch.nn.Module) -> None:
+    """HFLM's peft=: the adapter's layers injected into `model` in place (not merged, as HFLM runs it), so the
+    model keeps its class and raylm plans and scores it as the base. As HFLM does first, a base whose vocabulary
+    size differs from its tokenizer's length has its embeddings resized to the tokenizer (LoRAs that add tokens
+    ship a base tokenizer that already has them)."""
+    from peft import PeftModel
+
+    vocab_size = getattr(text_config(model.config), "vocab_size", None)
+    tokenizer_size = len(load_tokenizer(spec))
+    if vocab_size is not None and vocab_size != tokenizer_size:
+        logging.getLogger(__name__).info("resizing '%s' embeddings from %d to the tokenizer's %d before loading "
+                                         "adapter '%s' (as HFLM does)", spec.path, vocab_size, tokenizer_size,
+                                         spec.peft)
+        model.resize_token_embeddings(tokenizer_size)
+    source = str(Path(spec.peft).expanduser()) if looks_local(spec.peft) else spec.peft
+    try:
+        PeftModel.from_pretrained(model, source, revision=spec.peft_revision)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise RaylmError(f"could not load adapter '{spec.peft}' onto '{spec.path}': {first_line(e)}") from e
 
 
 def _refuse_missing_head(spec: ModelSpec, model: torch.nn.Module, missing_keys: list[str]) -> None:

@@ -22,6 +22,7 @@ SCORERS = ("auto", "causal", "mlm")
 PLL_VARIANTS = ("original", "word-l2r")
 # transformers loads bitsandbytes models through accelerate's device_map; neither is imported unless asked for.
 QUANTIZATION_PACKAGES = ("bitsandbytes", "accelerate")
+PEFT_PACKAGE = "peft"  # the raylm[peft] extra: LoRA and other adapters loaded onto the base model (HFLM's peft=)
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,33 @@ class ModelSpec:
     # model's own, raylm.models.context). It travels with the spec so the driver, every actor and the checkpoint's
     # fingerprint agree on it.
     max_length: int | None = None
+    # HFLM's peft=: an adapter (local directory or hub id) loaded onto the base weights in every actor;
+    # peft_revision is the adapter's own pinned hub commit (raylm.models.identity.pin_revision), None when local.
+    peft: str | None = None
+    peft_revision: str | None = None
+    # HFLM's tokenisation knobs. add_bos_token: None keeps the tokenizer's own special-token default, True/False
+    # loads the tokenizer with that add_bos_token and encodes with add_special_tokens set to it. prefix_token_id:
+    # the token empty contexts and rolling windows are conditioned on (default BOS, else EOS).
+    add_bos_token: bool | None = None
+    prefix_token_id: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def lmeval_model_args(self) -> dict[str, Any]:
+        """This model as lm-eval's `--model hf --model_args` would name it (what its CLI also hands the tasks as
+        metadata): pretrained, then every HFLM argument this spec sets away from HFLM's default."""
+        args: dict[str, Any] = {"pretrained": self.path}
+        for key, value, default in (("dtype", self.dtype, "auto"), ("revision", self.revision, None),
+                                    ("trust_remote_code", self.trust_remote_code, False),
+                                    ("max_length", self.max_length, None), ("peft", self.peft, None),
+                                    ("add_bos_token", self.add_bos_token, None),
+                                    ("prefix_token_id", self.prefix_token_id, None),
+                                    ("load_in_4bit", self.quantization == "4bit", False),
+                                    ("load_in_8bit", self.quantization == "8bit", False)):
+            if value != default:
+                args[key] = value
+        return args
 
     def validate(self) -> None:
         """Refuse unknown settings where a run starts (the driver, a sweep file), before any actor loads weights."""
@@ -54,6 +79,23 @@ class ModelSpec:
         check_choice("PLL variant", self.pll, PLL_VARIANTS)
         if self.max_length is not None and self.max_length < 1:
             raise RaylmError(f"--max-length must be a positive number of tokens, got {self.max_length}")
+        if self.prefix_token_id is not None and self.prefix_token_id < 0:
+            raise RaylmError(f"--prefix-token-id must be a token id (0 or more), got {self.prefix_token_id}")
+        if self.peft is not None:
+            check_peft(self)
+
+
+def check_peft(spec: ModelSpec) -> None:
+    """An adapter needs the peft package (raylm[peft]), a causal LM to sit on, and, when local, its directory."""
+    if not _importable(PEFT_PACKAGE):
+        raise RaylmError(f"--peft {spec.peft} needs the peft package: pip install \"raylm[peft]\"")
+    if spec.scorer == "mlm":
+        raise RaylmError("--peft applies to causal LMs (HFLM's peft=); this run scores a masked LM")
+    if looks_local(spec.peft):
+        path = Path(spec.peft).expanduser()
+        if not (path / "adapter_config.json").is_file():
+            raise RaylmError(f"adapter path '{spec.peft}' has no adapter_config.json (save it with "
+                             "PeftModel.save_pretrained)")
 
 
 def check_choice(what: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -16,8 +16,14 @@ from collections.abc import Sequence
 from raylm.errors import RaylmError
 
 
-def prefix_token_id(tokenizer) -> int:
-    """The token that conditions an empty context and the first rolling window: BOS, else EOS."""
+def prefix_token_id(tokenizer, custom: int | None = None) -> int:
+    """The token that conditions an empty context and the first rolling window: HFLM's prefix_token_id when given,
+    else BOS, else EOS."""
+    if custom is not None:
+        if custom >= len(tokenizer):
+            raise ValueError(f"prefix_token_id {custom} is not in the vocabulary of tokenizer "
+                             f"{getattr(tokenizer, 'name_or_path', '')!r} ({len(tokenizer)} tokens)")
+        return custom
     for token_id in (tokenizer.bos_token_id, tokenizer.eos_token_id):
         if token_id is not None:
             return int(token_id)
@@ -28,19 +34,26 @@ def prefix_token_id(tokenizer) -> int:
 
 
 class Encoder:
-    def __init__(self, tokenizer, max_length: int):
+    """HFLM's tok_encode and _encode_pair. `add_bos_token` and `custom_prefix` are HFLM's add_bos_token and
+    prefix_token_id: None keeps the tokenizer's special-token default and BOS-else-EOS."""
+
+    def __init__(self, tokenizer, max_length: int, add_bos_token: bool | None = None,
+                 custom_prefix: int | None = None):
         self.tokenizer = tokenizer
         self.max_length = max_length
-        self.prefix_token = prefix_token_id(tokenizer)
+        self.prefix_token = prefix_token_id(tokenizer, custom_prefix)
         self._prefix_text = tokenizer.decode(self.prefix_token)
         self._special = frozenset(tokenizer.all_special_ids)
+        self._default = {} if add_bos_token is None else {"add_special_tokens": add_bos_token}
 
     def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
-        """Encode with the tokenizer's default special tokens, except for text already starting with the prefix."""
+        """HFLM.tok_encode with add_special_tokens left unset: the tokenizer's default (or add_bos_token when set),
+        except that text already starting with the prefix token's text (a chat template that writes BOS itself)
+        is encoded without special tokens, so BOS is not doubled."""
         plain = [i for i, t in enumerate(texts) if not t.startswith(self._prefix_text)]
         prefixed = [i for i, t in enumerate(texts) if t.startswith(self._prefix_text)]
         out: list[list[int]] = [[] for _ in texts]
-        for indices, kwargs in ((plain, {}), (prefixed, {"add_special_tokens": False})):
+        for indices, kwargs in ((plain, self._default), (prefixed, {"add_special_tokens": False})):
             if indices:
                 ids = self.tokenizer([texts[i] for i in indices], **kwargs)["input_ids"]
                 for i, row in zip(indices, ids):

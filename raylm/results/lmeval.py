@@ -131,13 +131,16 @@ def results(built: Built, scores: Mapping[ScoreKey, Score], bootstrap_iters: int
                 by_doc[inst.doc_id].append(inst)
             for instances in by_doc.values():
                 instances.sort(key=lambda x: x.idx)
+            indices = built.indices(name)
             for filter_key in task.instances[0].filtered_resps:
-                for doc_id, doc in task.doc_iterator(rank=0, limit=built.limits[name], world_size=1, samples=None):
+                for doc_id, doc in task.doc_iterator(rank=0, limit=built.limits[name], world_size=1,
+                                                     samples=indices):
                     requests = by_doc[doc_id]
                     metrics = task.process_results(doc, [req.filtered_resps[filter_key] for req in requests])
                     if log_samples:
                         acc["logged_samples"].append(
-                            _logged_sample(doc_id, doc, task.doc_to_target(doc), requests, filter_key, metrics))
+                            _logged_sample(indices[doc_id] if indices else doc_id, doc, task.doc_to_target(doc),
+                                           requests, filter_key, metrics))
                     for metric, value in metrics.items():
                         acc["raw_metrics"][(metric, filter_key)].append(value)
                         if clean is not None and doc_id in clean[name]:

@@ -54,9 +54,11 @@ def docs_table(samples: list[dict[str, Any]]) -> pa.Table:
     return pa.table(columns)
 
 
-def requests_table(task: str, samples: list[dict[str, Any]], scored: pa.Table) -> pa.Table:
+def requests_table(task: str, samples: list[dict[str, Any]], scored: pa.Table,
+                   indices: list[int] | None = None) -> pa.Table:
     """One row per request (of the first filter's samples: requests are the same under every filter), with the
-    tokens raylm scored for it (a rolling request's summed over its windows)."""
+    tokens raylm scored for it (a rolling request's summed over its windows). With --samples `indices`, a scored
+    request's doc_id is its document's position among them, and lm-eval logs the document's own index."""
     per_request = scored.group_by(["doc_id", "req_idx"]).aggregate([
         ("context_tokens", "max"), ("continuation_tokens", "sum"), ("window", "count")]).sort_by(
         [("doc_id", "ascending"), ("req_idx", "ascending")])
@@ -68,6 +70,8 @@ def requests_table(task: str, samples: list[dict[str, Any]], scored: pa.Table) -
     for sample in (s for s in samples if s["filter"] == first_filter):
         for arguments, resp in zip(sample["arguments"], sample["resps"]):
             doc_id, idx, n_context, n_continuation, windows = next(tokens, (None,) * 5)
+            if indices and doc_id is not None:
+                doc_id = indices[doc_id]
             if doc_id != sample["doc_id"]:
                 raise RaylmError(f"{task}: logged samples and scored requests disagree at doc {sample['doc_id']}")
             loglikelihood, greedy = _score(resp)

@@ -23,6 +23,7 @@ import pyarrow as pa
 import raylm
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
+from raylm.models.chat import template_sha
 from raylm.models.spec import ModelSpec
 from raylm.requests.shards import LMEVAL_KIND
 from raylm.results.atomic import write_atomic, write_parquet_atomic
@@ -101,11 +102,26 @@ def results_dict(result: EvalResult) -> dict[str, Any]:
             num_fewshot=cfg.num_fewshot, batch_size=cfg.batch_size or "auto", actors=cfg.actors,
             data_dir=str(cfg.data_dir or "hub"), include_path=str(cfg.include_path) if cfg.include_path else None,
             bootstrap_iters=cfg.bootstrap_iters, random_seed=cfg.random_seed, numpy_seed=cfg.numpy_seed,
-            torch_seed=cfg.torch_seed, fewshot_seed=cfg.fewshot_seed, **result.extra),
+            torch_seed=cfg.torch_seed, fewshot_seed=cfg.fewshot_seed, samples=cfg.samples, metadata=cfg.metadata,
+            apply_chat_template=cfg.apply_chat_template, chat_template_args=cfg.chat_template_args,
+            **{k: v for k, v in result.extra.items() if k != "chat_template"}),
+        **prompt_record(cfg, result.extra.get("chat_template")),
         **({"decontamination": result.decontamination} if result.decontamination is not None else {}),
         "sums": {name: t.sums for name, t in result.tasks.items()},
         "token_perplexity": {name: token_perplexity(t.sums) for name, t in result.tasks.items()
                              if _is_rolling(result, name)},
+    }
+
+
+def prompt_record(cfg: EvalConfig, chat_template: str | None) -> dict[str, Any]:
+    """The prompt settings at the top level of results.json, under lm-eval's keys and with its hashes
+    (EvaluationTracker's general config): the template source the prompts were rendered with, or None."""
+    return {
+        "system_instruction": cfg.system_instruction,
+        "system_instruction_sha": template_sha(cfg.system_instruction) if cfg.system_instruction else None,
+        "fewshot_as_multiturn": cfg.multiturn,
+        "chat_template": chat_template,
+        "chat_template_sha": template_sha(chat_template) if chat_template else None,
     }
 
 
@@ -159,7 +175,8 @@ def write_samples(out_dir: Path, result: EvalResult) -> None:
         if task.kind == "multiple_choice":
             p = choice_predictions(task.scored)
             docs = pa.table({"doc_id": p.doc_id, "gold": p.gold, "pred": p.pred, "pred_norm": p.pred_norm,
-                             "acc": (p.pred == p.gold).astype("int8"), "acc_norm": (p.pred_norm == p.gold).astype("int8")})
+                             "acc": (p.pred == p.gold).astype("int8"),
+                             "acc_norm": (p.pred_norm == p.gold).astype("int8")})
             write_parquet_atomic(out_dir / "samples" / f"{name}_docs.parquet", tagged(docs))
 
 
@@ -169,7 +186,8 @@ def _write_lmeval_samples(path: Path, result: EvalResult, name: str) -> None:
     samples = (result.lmeval or {}).get("samples")
     if samples is None:
         raise RaylmError(f"{name}: lm-eval's samples were not kept (run with log_samples)")
-    write_parquet_atomic(path, tagged(requests_table(name, samples[name], result.tasks[name].scored)))
+    indices = (result.config.samples or {}).get(name)
+    write_parquet_atomic(path, tagged(requests_table(name, samples[name], result.tasks[name].scored, indices)))
     write_parquet_atomic(path.with_name(f"{name}_docs.parquet"), tagged(docs_table(samples[name])))
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from raylm.config import DEFAULT_SHARD_REQUESTS, EvalConfig, parse_batch_size
+from raylm.config import DEFAULT_SHARD_REQUESTS, EvalConfig, check_limit, parse_batch_size
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.data.yaml_nodes import NodeReader, read_top
 from raylm.errors import RaylmError
@@ -36,8 +36,10 @@ from raylm.tasks import TASKS
 
 PACKAGED = "raylm:demo"  # the packaged stories260K model (as a model path) or the packaged data (as data_dir)
 TOP_KEYS = ("models", "tasks", "settings", "data_dir", "include_path", "seed", "device", "actors_per_model", "num_gpus",
-            "num_cpus", "max_length", "decontaminate", "shard_size")
-MODEL_KEYS = ("path", "name", "dtype", "load_in_4bit", "load_in_8bit", "revision", "scorer", "pll", "max_length")
+            "num_cpus", "max_length", "decontaminate", "shard_size", "apply_chat_template", "fewshot_as_multiturn",
+            "system_instruction", "chat_template_args", "metadata")
+MODEL_KEYS = ("path", "name", "dtype", "load_in_4bit", "load_in_8bit", "revision", "scorer", "pll", "max_length",
+              "peft", "add_bos_token", "prefix_token_id")
 SETTING_KEYS = ("num_fewshot", "limit", "batch_size", "dtype", "quantization")
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -54,7 +56,7 @@ class SweepModel:
 class SweepPoint:
     name: str
     num_fewshot: int | None  # None: each lm-eval task's own default (native tasks: 0)
-    limit: int | None
+    limit: int | float | None  # below 1: a fraction of each task's documents
     batch_size: int | None
 
 
@@ -72,6 +74,10 @@ class Sweep:
     include_path: Path | None = None
     decontaminate: Path | None = None  # a `raylm contamination` output: `_decontaminate` metrics for every point
     shard_size: int = DEFAULT_SHARD_REQUESTS  # requests per shard: what a killed point loses at most per actor
+    # As raylm eval's --apply-chat-template, --fewshot-as-multiturn, --system-instruction, --chat-template-args and
+    # --metadata, for every model and point.
+    prompt: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] | None = None
 
     def config(self, model: SweepModel, point: SweepPoint) -> EvalConfig:
         seeds = {} if self.seed is None else {"fewshot_seed": self.seed, "random_seed": self.seed,
@@ -80,7 +86,7 @@ class Sweep:
                           batch_size=point.batch_size, actors=self.actors_per_model,
                           shard_requests=self.shard_size, progress=False,
                           num_gpus=self.num_gpus, include_path=self.include_path, log_samples=True,
-                          decontaminate=self.decontaminate, **seeds)
+                          decontaminate=self.decontaminate, metadata=self.metadata, **self.prompt, **seeds)
 
 
 def load_sweep(path: Path) -> Sweep:
@@ -100,6 +106,7 @@ def load_sweep(path: Path) -> Sweep:
         num_cpus=_positive(r, top, "num_cpus", (int, float), None),
         decontaminate=_scan(r, top["decontaminate"], base) if "decontaminate" in top else None,
         shard_size=_positive(r, top, "shard_size", int, DEFAULT_SHARD_REQUESTS),
+        prompt=_prompt(r, top), metadata=_plain_mapping(r, top, "metadata"),
     )
     for model in sweep.models:
         for point in sweep.points:
@@ -108,6 +115,31 @@ def load_sweep(path: Path) -> Sweep:
             except RaylmError as e:
                 raise RaylmError(f"{path}: {e}") from e
     return sweep
+
+
+def _prompt(r: NodeReader, top: dict[str, yaml.Node]) -> dict[str, Any]:
+    """The prompt keys as EvalConfig fields: apply_chat_template is true or a template name."""
+    out: dict[str, Any] = {}
+    if "apply_chat_template" in top:
+        out["apply_chat_template"] = r.typed(top["apply_chat_template"], "apply_chat_template", (bool, str),
+                                             "true, false or a template name")
+    if "fewshot_as_multiturn" in top:
+        out["fewshot_as_multiturn"] = r.typed(top["fewshot_as_multiturn"], "fewshot_as_multiturn", bool,
+                                              "true or false")
+    if "system_instruction" in top:
+        out["system_instruction"] = r.typed(top["system_instruction"], "system_instruction", str, "a string")
+    if "chat_template_args" in top:
+        out["chat_template_args"] = _plain_mapping(r, top, "chat_template_args")
+    return out
+
+
+def _plain_mapping(r: NodeReader, top: dict[str, yaml.Node], key: str) -> dict[str, Any] | None:
+    if key not in top:
+        return None
+    node = top[key]
+    if not isinstance(node, yaml.MappingNode):
+        raise r.fail(node, key, "must be a mapping")
+    return yaml.constructor.SafeConstructor().construct_mapping(node, deep=True)
 
 
 def _positive(r: NodeReader, top: dict[str, yaml.Node], key: str, kind: type | tuple[type, ...], default: Any,
@@ -243,11 +275,22 @@ def _model(r: NodeReader, item: yaml.Node, key: str, base: Path, defaults: dict[
         spec = replace(spec, max_length=tokens)
     if "revision" in fields:
         spec = replace(spec, revision=str(r.scalar(fields["revision"], f"{key}.revision")))
-    for field, what, allowed in (("scorer", "scorer", SCORERS), ("pll", "PLL variant", PLL_VARIANTS)):
-        if field in fields:
-            value = r.typed(fields[field], f"{key}.{field}", str, "a string")
-            r.checked(fields[field], f"{key}.{field}", lambda v: check_choice(what, v, allowed), value)
-            spec = replace(spec, **{field: value})
+    if "peft" in fields:
+        adapter = r.typed(fields["peft"], f"{key}.peft", str, "an adapter directory or hub id")
+        spec = replace(spec, peft=_model_path(adapter, base))
+    if "add_bos_token" in fields:
+        spec = replace(spec, add_bos_token=r.typed(fields["add_bos_token"], f"{key}.add_bos_token", bool,
+                                                   "true or false"))
+    if "prefix_token_id" in fields:
+        token = r.typed(fields["prefix_token_id"], f"{key}.prefix_token_id", int, "a token id")
+        if token < 0:
+            raise r.fail(fields["prefix_token_id"], f"{key}.prefix_token_id", f"must be 0 or more, got {token}")
+        spec = replace(spec, prefix_token_id=token)
+    for name, what, allowed in (("scorer", "scorer", SCORERS), ("pll", "PLL variant", PLL_VARIANTS)):
+        if name in fields:
+            value = r.typed(fields[name], f"{key}.{name}", str, "a string")
+            r.checked(fields[name], f"{key}.{name}", lambda v: check_choice(what, v, allowed), value)
+            spec = replace(spec, **{name: value})
     if "dtype" in fields:
         if grid_dtype:
             raise r.fail(fields["dtype"], f"{key}.dtype", "also given in settings.dtype; set it in one place")
@@ -270,19 +313,27 @@ def _default_name(spec: ModelSpec) -> str:
         name += f"-{spec.dtype}"
     if spec.pll != PLL_VARIANTS[0]:
         name += f"-{spec.pll}"
+    if spec.peft is not None:
+        name += f"-{Path(spec.peft).name}"
     return f"{name}-{spec.quantization}" if spec.quantization else name
 
 
 def _points(r: NodeReader, grid: dict[str, yaml.Node]) -> tuple[SweepPoint, ...]:
     shots = [None if v is None else _count(r, n, v, "settings.num_fewshot", 0)
              for n, v in r.values(grid["num_fewshot"], "settings.num_fewshot")] if "num_fewshot" in grid else [None]
-    limits = [None if v is None else _count(r, n, v, "settings.limit", 1)
-              for n, v in r.values(grid["limit"], "settings.limit")] if "limit" in grid else [None]
+    limits = [None if v is None else _limit(r, n, v) for n, v in r.values(grid["limit"], "settings.limit")] \
+        if "limit" in grid else [None]
     batches = [_batch_size(r, n, v) for n, v in r.values(grid["batch_size"], "settings.batch_size")] \
         if "batch_size" in grid else [None]
     return tuple(SweepPoint(f"{'default' if k is None else k}shot-limit{limit or 'all'}-batch{batch or 'auto'}", k,
                             limit, batch)
                  for k, limit, batch in itertools.product(shots, limits, batches))
+
+
+def _limit(r: NodeReader, node: yaml.Node, value: Any) -> int | float:
+    """A document count, or below 1 a fraction of each task's documents (raylm eval's --limit)."""
+    value = int(value) if isinstance(value, float) and value >= 1 and value.is_integer() else value
+    return r.checked(node, "settings.limit", lambda v: check_limit(v, "limit"), value)
 
 
 def _batch_size(r: NodeReader, node: yaml.Node, value: Any) -> int | None:

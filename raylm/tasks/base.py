@@ -14,12 +14,20 @@ from typing import Literal
 
 from raylm.errors import RaylmError
 
+# lm-eval's defaults, which its hellaswag and winogrande keep: question and answer joined by a space, few-shot
+# examples by a blank line.
+TARGET_DELIMITER = " "
 FEWSHOT_DELIMITER = "\n\n"
 
 
 @dataclass(frozen=True)
 class ChoiceDoc:
-    """One multiple-choice question: request i scores continuations[i] after contexts[i]."""
+    """One multiple-choice question: request i scores continuations[i] after contexts[i].
+
+    The request strings are plain text, as lm-eval writes them without a chat template. What they are made of is
+    kept beside them so that a prompt format (raylm.tasks.prompt: a system instruction, a chat template) can
+    build them again as lm-eval does: each choice's question (the evaluated turn), each choice's answer (without
+    the delimiter), and the few-shot examples as (question, answer) pairs."""
 
     doc_id: int
     contexts: tuple[str, ...]
@@ -29,10 +37,25 @@ class ChoiceDoc:
     norm_lengths: tuple[int, ...]
     # The source row's content (raylm.data.rows.Row.content_key): few-shot draws drop examples equal to it.
     row_key: str
+    questions: tuple[str, ...]
+    answers: tuple[str, ...]
+    examples: tuple[tuple[str, str], ...] = ()
 
-    def solved_example(self) -> str:
-        """The text of this doc answered correctly, as lm-eval writes a few-shot example."""
-        return self.contexts[self.gold] + self.continuations[self.gold]
+    @classmethod
+    def plain(cls, doc_id: int, questions: tuple[str, ...], answers: tuple[str, ...], gold: int,
+              norm_lengths: tuple[int, ...], row_key: str) -> ChoiceDoc:
+        """A zero-shot document whose requests are lm-eval's plain text: question, then delimiter + answer."""
+        return cls(doc_id, questions, tuple(TARGET_DELIMITER + a for a in answers), gold, norm_lengths, row_key,
+                   questions, answers)
+
+    def solved_example(self) -> tuple[str, str]:
+        """This doc answered correctly, as a few-shot (question, answer) pair."""
+        return self.questions[self.gold], self.answers[self.gold]
+
+    def with_examples(self, examples: tuple[tuple[str, str], ...]) -> ChoiceDoc:
+        """The document with few-shot examples in front of every context, as lm-eval writes them in plain text."""
+        prefix = "".join(q + TARGET_DELIMITER + a + FEWSHOT_DELIMITER for q, a in examples)
+        return replace(self, contexts=tuple(prefix + q for q in self.questions), examples=examples)
 
 
 @dataclass(frozen=True)
@@ -82,6 +105,5 @@ def with_fewshot(task: Task, docs: list[ChoiceDoc], pool: list[ChoiceDoc], k: in
                 raise RaylmError(f"{task.name}: doc {doc.doc_id}: the few-shot pool has only {len(others)} examples "
                                  f"other than this document, fewer than --num-fewshot {k}")
             examples = rnd.sample(others, k)
-        prefix = "".join(ex.solved_example() + FEWSHOT_DELIMITER for ex in examples)
-        out.append(replace(doc, contexts=tuple(prefix + c for c in doc.contexts)))
+        out.append(doc.with_examples(tuple(ex.solved_example() for ex in examples)))
     return out

@@ -29,8 +29,8 @@ def doc_from_row(doc_id: int, row: Row) -> ChoiceDoc:
         choices.append(preprocess(ending))
     gold = _label(row, len(choices))
     query = preprocess(label + ": " + ctx_a + " " + ctx_b.capitalize())
-    return ChoiceDoc(doc_id, tuple(query for _ in choices), tuple(" " + c for c in choices), gold,
-                     tuple(len(c) for c in choices), row.content_key())
+    return ChoiceDoc.plain(doc_id, tuple(query for _ in choices), tuple(choices), gold,
+                           tuple(len(c) for c in choices), row.content_key())
 
 
 def _label(row: Row, n_choices: int) -> int:

@@ -25,10 +25,10 @@ def doc_from_row(doc_id: int, row: Row) -> ChoiceDoc:
     if str(answer) not in ("1", "2"):
         raise row.fail(f"answer must be '1' or '2', got {answer!r}", "answer")
     blank = sentence.index("_")
-    continuation = " " + sentence[blank + 1:].strip()
+    target = sentence[blank + 1:].strip()
     contexts = tuple(sentence[:blank] + option for option in options)
-    return ChoiceDoc(doc_id, contexts, (continuation, continuation), int(answer) - 1,
-                     tuple(len(c) for c in contexts), row.content_key())
+    return ChoiceDoc.plain(doc_id, contexts, (target, target), int(answer) - 1, tuple(len(c) for c in contexts),
+                           row.content_key())
 
 
 def _docs(rows: list[Row]) -> list[ChoiceDoc]:

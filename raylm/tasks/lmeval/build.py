@@ -24,6 +24,7 @@ from lm_eval.tasks.manager import TaskDict
 
 from raylm.errors import RaylmError
 from raylm.tasks.lmeval.names import Selection, refuse_output_type
+from raylm.tasks.prompt import PLAIN, PromptFormat
 
 LMEVAL_LOCK = threading.RLock()
 
@@ -41,10 +42,16 @@ class Request:
 
 @dataclass
 class Built:
-    """Loaded tasks whose Instances are built, and the per-task limit evaluate() keeps for post-processing."""
+    """Loaded tasks whose Instances are built, and the per-task limit and --samples indices evaluate() keeps for
+    post-processing."""
 
     tasks: TaskDict
     limits: dict[str, int | None]
+    samples: dict[str, list[int]] | None = None
+
+    def indices(self, task: str) -> list[int] | None:
+        """The --samples indices of a task (evaluate()'s `samples.get(task_name, None)`), or None: all of it."""
+        return self.samples.get(task) if self.samples is not None else None
 
     def requests(self, task: str) -> list[Request]:
         return [Request(task, inst.doc_id, inst.idx, inst.request_type, inst.args)
@@ -97,29 +104,44 @@ def configure(loaded: TaskDict, num_fewshot: int | None, fewshot_seed: int | Non
         task.set_fewshot_seed(seed=fewshot_seed)
 
 
-def build(loaded: TaskDict, limit: int | None) -> Built:
+def build(loaded: TaskDict, limit: int | float | None, samples: dict[str, list[int]] | None = None,
+          prompt: PromptFormat = PLAIN) -> Built:
     """evaluate()'s request building (evaluator.py, the `for task_name, task in eval_tasks.items()` loop:
-    get_sample_size, then build_all_requests), on one rank, no chat template, no request cache. Call once per
-    configure(): the few-shot samplers advance with every document."""
+    get_sample_size, which reads a limit below 1 as a fraction of each task's documents, then build_all_requests
+    with the task's --samples indices, system instruction and chat template), on one rank, no request cache.
+    Call once per configure(): the few-shot samplers advance with every document."""
     limits: dict[str, int | None] = {}
     with cached_templates():
         for name, task in loaded["tasks"].items():
             limits[name] = get_sample_size(task, limit)
-            task.build_all_requests(limit=limits[name], samples=None, rank=0, world_size=1, cache_requests=False,
-                                    rewrite_requests_cache=False, system_instruction=None,
-                                    apply_chat_template=False, fewshot_as_multiturn=False, chat_template=None,
-                                    tokenizer_name="")
-    return Built(loaded, limits)
+            indices = samples.get(name) if samples is not None else None
+            if indices:
+                _check_indices(name, indices, len(task.eval_docs))
+            task.build_all_requests(limit=limits[name], samples=indices, rank=0, world_size=1,
+                                    cache_requests=False, rewrite_requests_cache=False,
+                                    system_instruction=prompt.system_instruction,
+                                    apply_chat_template=prompt.chat_template is not None,
+                                    fewshot_as_multiturn=prompt.fewshot_as_multiturn,
+                                    chat_template=prompt.chat_template, tokenizer_name="")
+    return Built(loaded, limits, samples)
+
+
+def _check_indices(task: str, indices: list[int], n_docs: int) -> None:
+    """lm-eval asserts this in doc_iterator; here it is a one-line error before any scoring."""
+    bad = [i for i in indices if not 0 <= i < n_docs]
+    if bad:
+        raise RaylmError(f"--samples: {task} has {n_docs} documents; index {bad[0]} is out of range")
 
 
 def load_and_build(selection: Selection, seeds: Sequence[int | None], num_fewshot: int | None,
-                   limit: int | None) -> Built:
+                   limit: int | float | None, samples: dict[str, list[int]] | None = None,
+                   prompt: PromptFormat = PLAIN) -> Built:
     """The whole of it, in lm-eval's order, for seeds (random, numpy, torch, few-shot)."""
     with LMEVAL_LOCK:
         seed_globals(*seeds[:3])
         loaded = load(selection)
         configure(loaded, num_fewshot, seeds[3])
-        return build(loaded, limit)
+        return build(loaded, limit, samples, prompt)
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ import difflib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lm_eval.tasks import TaskManager
 from lm_eval.tasks._index import Kind
@@ -37,12 +38,13 @@ class Selection:
     leaves: list[str]  # every task the names reach, as far as the index tells (Python-class tasks included)
 
 
-def select(names: Sequence[str], include_path: Path | None) -> Selection:
-    """The TaskManager for these names and the names expanded, or a one-line error naming the first bad one."""
+def select(names: Sequence[str], include_path: Path | None, metadata: dict[str, Any] | None = None) -> Selection:
+    """The TaskManager for these names and the names expanded, or a one-line error naming the first bad one.
+    `metadata` is what lm-eval's TaskManager hands every task it loads (its CLI's model_args | --metadata)."""
     paths = [str(include_path)] if include_path is not None else None
-    manager = _include_path_manager(names, paths) if paths else None
+    manager = _include_path_manager(names, paths, metadata) if paths else None
     if manager is None:
-        manager = IndexedTaskManager(builtin_index(), paths)
+        manager = IndexedTaskManager(builtin_index(), paths, metadata)
     expanded = expand_names(names, manager)
     leaves = []
     for name in expanded:
@@ -68,14 +70,15 @@ def refuse_shadowed_natives(names: Sequence[str], include_path: Path) -> None:
                              f"would score its own and ignore yours: give yours another name (task: my_{name})")
 
 
-def _include_path_manager(names: Sequence[str], paths: list[str]) -> TaskManager | None:
+def _include_path_manager(names: Sequence[str], paths: list[str], metadata: dict[str, Any] | None
+                          ) -> TaskManager | None:
     """A manager of --include-path alone, if it resolves every name exactly as the full index would: no name is
     a pattern (lm-eval's own names could match it too), and every name, group member and tag member is defined
     there. (A group member missing from the index is not an error in lm-eval: it becomes an inline task, so
     a member defined only among lm-eval's own tasks must send the run to the full index.)"""
     if any(_PATTERN_CHARS & set(name) for name in names):
         return None
-    manager = TaskManager(include_path=paths, include_defaults=False)
+    manager = TaskManager(include_path=paths, include_defaults=False, metadata=metadata)
     return manager if all(_closed(manager, name) for name in names) else None
 
 

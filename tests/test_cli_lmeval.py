@@ -1,0 +1,120 @@
+"""lm-eval command lines run as `raylm eval` with `lm_eval` replaced and nothing else changed (raylm.cli_lmeval):
+each real lm-eval 0.4.13 line below is parsed by raylm's own parser into the settings lm-eval would run it with,
+and the lm-eval flags raylm has no equivalent for are refused by name, in one line, with exit status 2."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from raylm.cli import config_from_args, main, parse_args
+from raylm.errors import RaylmError
+
+# (lm-eval command line, the raylm settings it must give: EvalConfig fields, "model.<ModelSpec field>", "output")
+LINES = [
+    ("lm_eval --model hf --model_args pretrained=EleutherAI/pythia-160m,dtype=float32 --tasks hellaswag "
+     "--device cpu --batch_size 8",
+     {"model.path": "EleutherAI/pythia-160m", "model.dtype": "float32", "model.device": "cpu", "batch_size": 8,
+      "tasks": ("hellaswag",)}),
+    # The Open LLM Leaderboard v2's shape: an instruct model with its chat template and multiturn few-shot.
+    ("lm_eval --model hf --model_args pretrained=meta-llama/Llama-3.1-8B-Instruct,dtype=bfloat16,revision=main "
+     "--tasks mmlu,arc_easy --num_fewshot 5 --apply_chat_template --fewshot_as_multiturn --batch_size auto "
+     "--output_path results --log_samples",
+     {"model.path": "meta-llama/Llama-3.1-8B-Instruct", "model.dtype": "bfloat16", "model.revision": "main",
+      "tasks": ("mmlu", "arc_easy"), "num_fewshot": 5, "apply_chat_template": True, "multiturn": True,
+      "batch_size": None, "output": Path("results"), "log_samples": True}),
+    ("lm_eval --model hf --model_args pretrained=Qwen/Qwen3-0.6B,enable_thinking=False "
+     "--apply_chat_template chatml --fewshot_as_multiturn false --system_instruction 'Answer briefly.' "
+     "--tasks arc_easy arc_challenge",
+     {"apply_chat_template": "chatml", "multiturn": False, "system_instruction": "Answer briefly.",
+      "chat_template_args": {"enable_thinking": False}, "tasks": ("arc_easy", "arc_challenge")}),
+    ("lm_eval --model hf --model_args pretrained=huggyllama/llama-7b,peft=tloen/alpaca-lora-7b,load_in_4bit=True "
+     "--tasks piqa --limit 0.1 --seed 42",
+     {"model.peft": "tloen/alpaca-lora-7b", "model.quantization": "4bit", "limit": 0.1,
+      "seeds": (42, 42, 42, 42)}),
+    ("lm_eval --model hf --model_args pretrained=gpt2,add_bos_token=True,prefix_token_id=50256,max_length=512,"
+     "trust_remote_code=True --tasks lambada_openai --limit 100 --include_path my_tasks",
+     {"model.add_bos_token": True, "model.prefix_token_id": 50256, "model.max_length": 512,
+      "model.trust_remote_code": True, "limit": 100, "include_path": Path("my_tasks")}),
+    ("lm_eval --model hf --model_args pretrained=gpt2 --tasks arc_easy --samples '{\"arc_easy\": [5, 0, 3]}' "
+     "--metadata max_seq_lengths=[4096,8192] --seed 0,1234,1234,7",
+     {"samples": {"arc_easy": [0, 3, 5]}, "metadata": {"max_seq_lengths": [4096, 8192]},
+      "seeds": (0, 1234, 1234, 7)}),
+    ("lm_eval --model hf --model_args '{\"pretrained\": \"gpt2\", \"dtype\": \"float16\", "
+     "\"chat_template_args\": {\"enable_thinking\": false}}' --tasks hellaswag --apply_chat_template",
+     {"model.path": "gpt2", "model.dtype": "float16", "chat_template_args": {"enable_thinking": False},
+      "multiturn": True}),
+    ("lm_eval -a pretrained=gpt2 -t hellaswag,winogrande -f 5 -b 4 -o out -s -L 10 --trust_remote_code",
+     {"model.path": "gpt2", "tasks": ("hellaswag", "winogrande"), "num_fewshot": 5, "batch_size": 4,
+      "output": Path("out"), "log_samples": True, "limit": 10, "model.trust_remote_code": True}),
+    ("lm_eval --model_args pretrained=gpt2,enable_thinking=False --apply_chat_template "
+     "--chat_template_args reasoning_effort=low --tasks arc_easy",
+     {"chat_template_args": {"reasoning_effort": "low", "enable_thinking": False}}),
+    ("lm_eval --model_args pretrained=gpt2 --model_args dtype=half --tasks wikitext --verbosity DEBUG",
+     {"model.path": "gpt2", "model.dtype": "float16", "tasks": ("wikitext",)}),
+]
+
+REFUSED = [
+    ("--model hf --model_args pretrained=gpt2 --tasks gsm8k --gen_kwargs temperature=0", "--gen_kwargs"),
+    ("--model_args pretrained=gpt2 --tasks hellaswag --predict_only", "--predict_only"),
+    ("--model_args pretrained=gpt2 --tasks hellaswag --use_cache /tmp/cache", "--use_cache"),
+    ("--model_args pretrained=gpt2 --tasks hellaswag --cache_requests true", "--cache_requests"),
+    ("--model_args pretrained=gpt2 --tasks hellaswag --max_batch_size 64", "--max_batch_size"),
+    ("--model_args pretrained=gpt2 --tasks hellaswag --wandb_args project=x", "--wandb_args"),
+    ("--model_args pretrained=gpt2 --tasks hellaswag --write_out", "--write_out"),
+    ("--model vllm --model_args pretrained=gpt2 --tasks hellaswag", "hf model (HFLM)"),
+    ("--model hf --tasks hellaswag", "pretrained=..."),
+    ("--model_args pretrained=gpt2,parallelize=True --tasks hellaswag", "parallelize"),
+    ("--model_args pretrained=gpt2,enable_thinking=True --tasks hellaswag", "enable_thinking"),
+    ("--model_args pretrained=gpt2,tokenizer=gpt2-large --tasks hellaswag", "tokenizer= is not supported"),
+    ("--model_args pretrained=gpt2,dtype=bfloat16 --dtype float16 --tasks hellaswag", "contradicts --dtype"),
+]
+
+
+def settings(line: str):
+    args = parse_args(shlex.split(line)[1:] if line.startswith("lm_eval") else shlex.split(line))
+    return args, config_from_args(args)
+
+
+def value(cfg, args, key: str):
+    if key == "output":
+        return args.output
+    if key.startswith("model."):
+        return getattr(cfg.model, key[len("model."):])
+    return getattr(cfg, key)
+
+
+@pytest.mark.parametrize("line,expected", LINES, ids=[str(i) for i in range(len(LINES))])
+def test_an_lm_eval_command_line_runs_unchanged_as_raylm_eval(line, expected):
+    args, cfg = settings("lm_eval eval " + line[len("lm_eval "):])
+    for key, want in expected.items():
+        assert value(cfg, args, key) == want, (line, key)
+
+
+@pytest.mark.parametrize("line,named", REFUSED, ids=[n for _, n in REFUSED])
+def test_an_lm_eval_flag_raylm_does_not_take_is_refused_by_name(line, named, capsys):
+    assert main(["eval", *shlex.split(line)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("raylm: error: ") and named in err, err
+
+
+def test_lm_evals_rules_for_chat_and_selection_flags_are_kept(capsys):
+    for line, message in (("--model_args pretrained=gpt2 --tasks hellaswag --fewshot_as_multiturn",
+                           "needs --apply-chat-template"),
+                          ("--model_args pretrained=gpt2 --tasks arc_easy --limit 5 --samples '{\"arc_easy\": [1]}'",
+                           "cannot be combined"),
+                          ("--model gpt2 --tasks hellaswag --limit 2.5", "fraction of them below 1"),
+                          ("--model gpt2 --tasks hellaswag --samples '{\"hellaswag\": [1, 1]}'", "more than once")):
+        with pytest.raises((RaylmError, SystemExit)) as raised:
+            config_from_args(parse_args(["eval", *shlex.split(line)])).validate()
+        text = str(raised.value) if raised.type is RaylmError else capsys.readouterr().err
+        assert message in text, (line, text)
+
+
+def test_samples_may_be_a_file(tmp_path):
+    path = tmp_path / "samples.json"
+    path.write_text('{"hellaswag": [3, 1]}')
+    assert config_from_args(parse_args(["eval", "--model", "gpt2", "--samples", str(path)])).samples == \
+        {"hellaswag": [1, 3]}

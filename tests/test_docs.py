@@ -1,0 +1,306 @@
+"""Every command README.md and docs/*.md show is exercised, so none goes stale.
+
+Pages are discovered (README.md and every docs/*.md), and every ```bash block in them is read as commands
+(`\\` continuations joined, `&&` chains split, comments dropped; synopses with placeholders belong in ```text
+blocks). Each command is then:
+- a raylm command (`raylm ...`, `python -m raylm ...`, or the raylm part of `ray job submit ... -- raylm ...`):
+  parsed by raylm's real parser into its settings (a sweep file loaded, a probe file read); and, where it runs
+  offline here (a local model or --demo, and every path it names exists), run in this process on the test
+  session's Ray, with `--limit 5` (`--limit-docs 5`) added where it sets no limit so the whole test stays cheap;
+- `python -c ...`: run;
+- else one of the commands exercised elsewhere (EXERCISED_ELSEWHERE: installs and the suite by .ci/run, the
+  benchmarks by their own runs, cluster launchers needing a cluster), whose files must exist. Anything else fails.
+```python blocks must compile and import only names that exist.
+
+docs/cli.md's flag reference is the parser's own --help text (`python tests/test_docs.py --write` rewrites it),
+and docs/tasks.md's lm-eval flag table names every lm-eval flag raylm renames or refuses.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import importlib
+import io
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CLI_PAGE = REPO / "docs" / "cli.md"
+GENERATED = "<!-- generated from the parser: python tests/test_docs.py --write -->"
+COMMANDS = ("eval", "sweep", "ppl", "kl", "probe")
+HELP_COLUMNS = "100"
+# Commands whose first words are these are exercised elsewhere; the reason says where.
+EXERCISED_ELSEWHERE = {
+    ("python3", "-m", "venv"): ".ci/run makes a fresh virtual environment exactly so",
+    (".",): ".ci/run activates its virtual environment exactly so",
+    ("pip", "install"): ".ci/run installs as the README says",
+    ("python", "-m", "pytest"): ".ci/run runs the suite",
+    ("python", "../shared/golden/make/mk_local_tasks.py"): "tests/conftest.py's local_tasks fixture runs it",
+    ("python", "bench/"): "a benchmark, run on a quiet machine (tests/test_bench_gpu_driver.py runs the GPU one)",
+    ("bash", "bench/"): "the GPU benchmark, run on a lent accelerator",
+    ("ray", "up"): "needs a cloud account (cluster.yaml validates in tests/test_cluster_config.py)",
+    ("ray", "down"): "needs a cloud account",
+    ("ray", "dashboard"): "needs a launched cluster",
+    ("ray", "start"): "starts a cluster (tests/test_job_submit.py does, against a real head)",
+    ("ray", "stop"): "stops the user's own cluster (never in tests: it stops every Ray on the machine)",
+    ("kubectl",): "needs a Kubernetes cluster",
+    ("helm",): "needs a Kubernetes cluster",
+}
+
+
+def pages() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]  # docs/*/ hold generated files
+
+
+def blocks(page: Path, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", page.read_text(), re.MULTILINE | re.DOTALL)
+
+
+def commands(block: str) -> list[list[str]]:
+    """The block's commands as argv lists."""
+    out = []
+    for line in block.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        while words:
+            cut = words.index("&&") if "&&" in words else len(words)
+            out.append(words[:cut])
+            words = words[cut + 1:]
+    return [c for c in out if c]
+
+
+def every_command() -> list[tuple[str, int, list[str]]]:
+    return [(str(page.relative_to(REPO)), i, argv) for page in pages() for i, block in enumerate(blocks(page, "bash"))
+            for argv in commands(block)]
+
+
+def split_env(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    env = {}
+    while argv and re.fullmatch(r"[A-Z_]+=.*", argv[0]):
+        key, _, value = argv[0].partition("=")
+        env[key] = value.replace("$PWD", str(REPO))
+        argv = argv[1:]
+    return env, argv
+
+
+def raylm_part(argv: list[str]) -> list[str] | None:
+    if argv[:1] == ["raylm"]:
+        return argv[1:]
+    if argv[:3] == ["python", "-m", "raylm"]:
+        return argv[3:]
+    if argv[:3] == ["ray", "job", "submit"] and "--" in argv:
+        return raylm_part(argv[argv.index("--") + 1:])
+    return None
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    for i, word in enumerate(argv):
+        if word == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith(name + "="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def parsed(argv: list[str]):
+    """raylm's own reading of the command: its settings, or a failure naming why."""
+    from raylm.cli import config_from_args, parse_args
+
+    if "--help" in argv or "-h" in argv:
+        with pytest.raises(SystemExit) as exited, redirect_stdout(io.StringIO()):
+            parse_args(argv)
+        assert exited.value.code == 0, argv
+        return None, None
+    args = parse_args(argv)
+    if args.command == "eval":
+        return args, config_from_args(args)
+    if args.command == "sweep":
+        from raylm.sweep.config import load_sweep
+
+        return args, load_sweep(REPO / args.file)
+    if args.command == "probe" and args.probes is not None:
+        from raylm.probe.file import load_probes
+
+        return args, load_probes(REPO / args.probes)
+    return args, None
+
+
+def runs_offline(args, argv: list[str]) -> bool:
+    """A local model (or the demo) and every path the command names present; sweeps and probes only parse."""
+    from raylm.models.spec import looks_local
+
+    if args is None or args.command not in ("eval", "ppl"):
+        return False
+    model = args.model or ("demo" if getattr(args, "demo", False) else None)
+    if model is None or (model != "demo" and not (looks_local(model) and (REPO / model).exists())):
+        return False
+    paths = [_option(argv, flag) for flag in ("--data-dir", "--include-path", "--include_path")]
+    if args.command == "ppl":
+        return bool(glob.glob(str(REPO / args.data)))
+    # Only inputs shipped with the repository or ../shared: a directory an earlier command would have to make
+    # (/tmp/local-tasks) leaves the command parsed, not run.
+    return all(p is None or (not os.path.isabs(p) and (REPO / p).exists()) for p in paths)
+
+
+def cheap(args, argv: list[str]) -> list[str]:
+    if args.command == "eval" and _option(argv, "--limit") is None and _option(argv, "--samples") is None:
+        argv = [*argv, "--limit", "5"]
+    if args.command == "ppl" and _option(argv, "--limit-docs") is None:
+        argv = [*argv, "--limit-docs", "5"]
+    argv = [*argv, "--no-progress"]
+    return argv
+
+
+@pytest.fixture(scope="module")
+def ran(ray_session, tmp_path_factory):
+    """Every command of every page, classified and parsed; the offline raylm ones run in page order (a later
+    command may read what an earlier one wrote), each in a fresh output directory."""
+    from raylm.cli import main
+
+    done = []
+    default_out = tmp_path_factory.mktemp("docs-out")
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        for page, index, argv in every_command():
+            env, words = split_env(argv)
+            raylm_argv = raylm_part(words)
+            if raylm_argv is not None:
+                args, _ = parsed(raylm_argv)
+                if runs_offline(args, raylm_argv) and words[:3] != ["ray", "job", "submit"]:
+                    run_argv = cheap(args, raylm_argv)
+                    out = _option(run_argv, "--output")
+                    if out is None:
+                        out = str(default_out / f"{len(done)}")
+                        run_argv += ["--output", out]
+                    shutil.rmtree(out, ignore_errors=True)
+                    saved = {k: os.environ.get(k) for k in env}
+                    os.environ.update(env)
+                    try:
+                        with redirect_stdout(io.StringIO()):
+                            code = main(run_argv)
+                    finally:
+                        for k, v in saved.items():
+                            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+                    done.append((page, argv, "ran", code))
+                else:
+                    done.append((page, argv, "parsed", 0))
+            elif words[:2] == ["python", "-c"]:
+                proc = subprocess.run([sys.executable, *words[1:]], capture_output=True, text=True, timeout=120,
+                                      env={**os.environ, **env})
+                done.append((page, argv, "ran", 0 if proc.returncode == 0 else proc.stderr[-2000:]))
+            else:
+                reason = next((why for prefix, why in EXERCISED_ELSEWHERE.items()
+                               if tuple(words[:len(prefix) - 1]) == prefix[:-1] and
+                               words[len(prefix) - 1:len(prefix)] and
+                               words[len(prefix) - 1].startswith(prefix[-1])), None)
+                done.append((page, argv, "elsewhere" if reason else "unknown", reason))
+    finally:
+        os.chdir(cwd)
+    return done
+
+
+def test_every_shown_command_is_parsed_run_or_exercised_elsewhere(ran):
+    unknown = [(page, " ".join(argv)) for page, argv, kind, _ in ran if kind == "unknown"]
+    assert not unknown, f"commands no test exercises: {unknown}"
+    failed = [(page, " ".join(argv), result) for page, argv, kind, result in ran if kind == "ran" and result != 0]
+    assert not failed, failed
+    assert any(kind == "ran" for _, _, kind, _ in ran)
+
+
+def test_files_named_by_commands_run_elsewhere_exist(ran):
+    for page, argv, kind, _ in ran:
+        if kind == "elsewhere":
+            for word in argv:
+                if word.endswith((".py", ".sh", ".yaml")) and not word.startswith(("/", "-")):
+                    assert (REPO / word).exists(), (page, word)
+
+
+@pytest.mark.parametrize("page", [str(p.relative_to(REPO)) for p in pages()])
+def test_python_examples_compile_and_import_what_exists(page):
+    for block in blocks(REPO / page, "python"):
+        tree = ast.parse(block)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("raylm"):
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    assert hasattr(module, alias.name), (page, node.module, alias.name)
+
+
+def test_every_page_starts_with_an_example():
+    """A page opens with a command or code block: before its first section, after at most a short lead-in."""
+    for page in pages()[1:]:
+        text = page.read_text()
+        first = re.search(r"^```", text, re.MULTILINE)
+        section = re.search(r"^## ", text, re.MULTILINE)
+        lead = [line for line in text[:first.start()].splitlines() if line.strip()] if first else []
+        assert first and (section is None or first.start() < section.start()) and len(lead) <= 6, \
+            f"{page.relative_to(REPO)} does not open with an example"
+
+
+def test_links_between_pages_resolve():
+    for page in pages():
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
+            assert (page.parent / target).exists() or Path(target).name in OTHER_HELPERS_PAGES, (page.name, target)
+
+
+# Pages other helpers are writing; the README links them already (remove a name once its page lands).
+OTHER_HELPERS_PAGES = {"numerics.md", "scoring.md", "contamination.md", "sweeps.md",
+                       "failures-and-resume.md"}
+
+
+def test_the_data_path_page_names_every_module():
+    text = (REPO / "docs" / "how-it-works.md").read_text()
+    missing = [str(p.relative_to(REPO)) for p in sorted((REPO / "raylm").rglob("*.py"))
+               if p.name != "__init__.py" and f"`{p.name}`" not in text]
+    assert not missing, f"docs/how-it-works.md does not place {missing}"
+
+
+def cli_reference() -> str:
+    """docs/cli.md's generated part: each subcommand's --help at a fixed width."""
+    from raylm.cli import build_parser
+
+    os.environ["COLUMNS"] = HELP_COLUMNS
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    parts = [GENERATED]
+    for name in COMMANDS:
+        text = sub.choices[name].format_help().rstrip()
+        parts.append(f"## raylm {name}\n\n```text\n{text}\n```")
+    return "\n\n".join(parts) + "\n"
+
+
+def test_the_flag_reference_is_the_parsers_own():
+    text = CLI_PAGE.read_text()
+    assert GENERATED in text
+    assert text[text.index(GENERATED):] == cli_reference(), "docs/cli.md is stale: python tests/test_docs.py --write"
+
+
+def test_the_lm_eval_flag_table_names_every_flag_raylm_renames_or_refuses():
+    from raylm.cli import build_parser, eval_options
+    from raylm.cli_lmeval import REFUSED, RENAMED, translate
+
+    section = (REPO / "docs" / "tasks.md").read_text().split("## lm-eval flags", 1)[1].split("\n## ", 1)[0]
+    lm_eval_column = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `-")]
+    named = {flag for cell in lm_eval_column for flag in re.findall(r"(?<![\w-])(-{1,2}[A-Za-z_]+)", cell)}
+    long_refused = {flag for flag in REFUSED if flag.startswith("--")}
+    assert long_refused <= named, long_refused - named
+    assert {flag for flag in RENAMED if flag.startswith("--")} <= named
+    known = eval_options(build_parser())
+    for flag in sorted(named - set(REFUSED)):
+        assert translate(["eval", flag], known)[1] in known, flag
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    text = CLI_PAGE.read_text()
+    head = text[:text.index(GENERATED)] if GENERATED in text else text.rstrip() + "\n\n"
+    CLI_PAGE.write_text(head + cli_reference())
+    print(f"wrote {CLI_PAGE}")
