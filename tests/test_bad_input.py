@@ -138,4 +138,5 @@ def test_overlong_context_is_left_truncated_with_a_warning_and_only_output_is_wr
     assert "2 requests exceed the model's max length 128; their contexts are left-truncated" in caplog.text
     assert json.loads((out / "results.json").read_text())["n-samples"]["hellaswag"]["effective"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cwd", "data", "out"]
-    assert list(cwd.iterdir()) == [] and sorted(p.name for p in out.iterdir()) == [CHECKPOINT_DIR, "results.json"]
+    assert list(cwd.iterdir()) == [] and sorted(p.name for p in out.iterdir()) == [LOCK_FILE, CHECKPOINT_DIR,
+                                                                                   "results.json"]

@@ -97,6 +97,22 @@ def test_sweep_writes_every_point_and_report(swept):
     assert not (out / "wikitext_norm_scores.png").exists()
 
 
+def test_a_point_decontaminated_with_another_scan_is_recomputed_not_reused(swept, tmp_path):
+    """The checkpoint fingerprints what the shards depend on; the `_decontaminate` metrics also depend on the scan,
+    so results.json records the scan's digest and a sweep given another scan recomputes the point (resuming every
+    shard from its checkpoint: nothing is moved aside)."""
+    from dataclasses import replace
+
+    from raylm.sweep.run import point_is_current
+
+    sweep, out, _, _ = swept
+    model, point = sweep.models[0], sweep.points[0]
+    assert point_is_current(sweep, model, point, out)
+    (tmp_path / "contamination.json").write_text(json.dumps({"config": {"command": "contamination"}, "tasks": {}}))
+    assert not point_is_current(replace(sweep, decontaminate=tmp_path), model, point, out)
+    assert (out / model.name / point.name / "results.json").is_file() and not (out / "superseded").exists()
+
+
 def test_each_model_loaded_once_for_all_its_points(swept):
     _, out, runs, starts = swept
     assert sorted(starts.models) == ["gpt2", "llama"]

@@ -106,7 +106,9 @@ def input_device(model: torch.nn.Module) -> torch.device:
     model dispatched by accelerate, its hook's execution device (an offloaded embedding's weight sits on `meta`)."""
     import torch
 
-    embeddings = model.get_input_embeddings()
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embeddings is None:  # a wrapper that is no PreTrainedModel: its parameters are where it runs
+        return next(model.parameters()).device
     device = getattr(getattr(embeddings, "_hf_hook", None), "execution_device", None)
     if device is None:
         return embeddings.weight.device

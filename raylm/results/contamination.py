@@ -41,6 +41,12 @@ def scan_path(path: Path) -> Path:
     return path / CONTAMINATION_JSON if path.is_dir() else path
 
 
+def scan_digest(path: Path | None) -> str | None:
+    """The sha256 of a scan's contamination.json (None without one): results.json records it, so a sweep can tell
+    a point's `_decontaminate` metrics from another scan's."""
+    return None if path is None else hashlib.sha256(scan_path(path).read_bytes()).hexdigest()
+
+
 def read_scan(path: Path) -> dict[str, Any]:
     """A contamination.json raylm wrote, or a one-line error naming the file."""
     file = scan_path(path)
@@ -93,6 +99,7 @@ class CleanSets:
         evaluated, dirty and clean (the count every `_decontaminate` metric is computed on)."""
         return {
             "source": str(self.source),
+            "scan_sha256": scan_digest(self.source),
             "ngram": self.scan.get("ngram"),
             "corpus": self.scan.get("config", {}).get("corpus"),
             "tasks": {name: {"documents": evaluated[name], "dirty": evaluated[name] - len(ids), "clean": len(ids)}

@@ -25,6 +25,7 @@ from raylm.evaluate import evaluate, run_fingerprint
 from raylm.models.identity import pin_revision
 from raylm.models.spec import check_model_path
 from raylm.results.atomic import write_atomic
+from raylm.results.contamination import scan_digest
 from raylm.results.lock import output_lock
 from raylm.results.ownership import CHECKPOINT_DIR, RESULTS
 from raylm.results.report import prepare_output, write_results, write_samples
@@ -99,13 +100,24 @@ def point_is_current(sweep: Sweep, model: SweepModel, point: SweepPoint, out: Pa
             raise RaylmError(f"{model.name} / {point.name}: {e}") from e
         differs = checkpoint.differences()
         if not differs:
-            return (where / RESULTS).is_file()
+            # The shards are this run's; the metrics also depend on the scan --decontaminate reads, which no shard
+            # does: results of another scan are recomputed from the checkpoint, which the rerun resumes whole.
+            return (where / RESULTS).is_file() and _scan_of(where / RESULTS) == scan_digest(sweep.decontaminate)
     aside = out / SUPERSEDED_DIR / time.strftime("%Y%m%dT%H%M%S") / model.name / point.name
     aside.parent.mkdir(parents=True, exist_ok=True)
     where.rename(aside)
     log.warning("sweep: %s / %s holds results of another config (differs in: %s); moved them to %s and running "
                 "the point afresh", model.name, point.name, ", ".join(differs), aside)
     return False
+
+
+def _scan_of(results: Path) -> str | None:
+    """The contamination scan a point's results.json was decontaminated with (None: none)."""
+    try:
+        recorded = json.loads(results.read_text()).get("decontamination")
+    except (OSError, ValueError):
+        return None
+    return recorded.get("scan_sha256") if isinstance(recorded, dict) else None
 
 
 def point_config(sweep: Sweep, model: SweepModel, point: SweepPoint, out: Path, num_cpus: float | None

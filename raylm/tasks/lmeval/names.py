@@ -70,7 +70,7 @@ def refuse_shadowed_natives(names: Sequence[str], include_path: Path) -> None:
                              f"would score its own and ignore yours: give yours another name (task: my_{name})")
 
 
-def _include_path_manager(names: Sequence[str], paths: list[str], metadata: dict[str, Any] | None
+def _include_path_manager(names: Sequence[str], paths: list[str], metadata: dict[str, Any] | None = None
                           ) -> TaskManager | None:
     """A manager of --include-path alone, if it resolves every name exactly as the full index would: no name is
     a pattern (lm-eval's own names could match it too), and every name, group member and tag member is defined
