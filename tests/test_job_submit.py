@@ -47,12 +47,6 @@ SHUTDOWN_S = 10
 RAY = str(Path(sys.executable).parent / "ray")  # the CLI installed beside this Python, whatever PATH says
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cluster_env() -> dict[str, str]:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
@@ -80,7 +74,8 @@ def _running(command: list[str], log_path: Path, ready: Callable[[], bool], env:
             time.sleep(0.5)
         yield
     finally:
-        os.killpg(node.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # a node that failed to start may have no group left
+            os.killpg(node.pid, signal.SIGTERM)
         try:
             node.wait(SHUTDOWN_S)
         except subprocess.TimeoutExpired:
@@ -111,7 +106,17 @@ def ray_head(temp_dir: Path, num_cpus: int = 2, ports: dict[str, int] | None = N
 
 
 def head_ports() -> dict[str, int]:
-    return {flag: free_port() for flag in PORT_FLAGS}
+    return free_ports(PORT_FLAGS)
+
+
+def free_ports(flags: tuple[str, ...]) -> dict[str, int]:
+    """A distinct free port per flag: each socket stays bound until all are chosen, so no two flags (Ray refuses
+    a port given to two components) can be handed the same one."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in flags]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return {flag: s.getsockname()[1] for flag, s in zip(flags, sockets)}
 
 
 def alive_nodes(address: str) -> int:
@@ -184,7 +189,7 @@ def test_ray_job_submit_on_two_one_cpu_nodes(tmp_path):
     head_dir, node_dir = short_temp_dir(), short_temp_dir()
     try:
         with ray_head(head_dir, num_cpus=1) as (address, gcs_port):
-            node_ports = {flag: free_port() for flag in NODE_PORT_FLAGS}
+            node_ports = free_ports(NODE_PORT_FLAGS)
             with ray_node(["--address", f"127.0.0.1:{gcs_port}", "--num-cpus", "1"], node_dir, node_ports,
                           lambda: alive_nodes(address) == 2):
                 results = submit_demo(address, tmp_path)
