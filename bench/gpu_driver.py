@@ -23,8 +23,8 @@ from raylm.models.loading import load_tokenizer  # noqa: E402
 from raylm.models.spec import ModelSpec  # noqa: E402
 from raylm.requests.encoding import Encoder  # noqa: E402
 from raylm.requests.table import build_requests  # noqa: E402
-from raylm.scoring.packing import pack, plan_groups  # noqa: E402
 from raylm.scoring.scorer import Scorer  # noqa: E402
+from raylm.scoring.tree import build_trie  # noqa: E402
 from raylm.tasks import get_task  # noqa: E402
 
 H200_BF16_FLOPS = 790e12
@@ -84,9 +84,8 @@ def main() -> None:
     doc_ids = table["doc_id"].to_pylist()
 
     inputs = [(c + k)[-(max_length + 1):][:-1] for c, k in zip(contexts, continuations)]
-    rows = [pack(g, inputs, [len(k) for k in continuations]) for g in plan_groups(inputs, doc_ids, 1 << 30, None)]
-    tokens = sum(len(r.tokens) for r in rows)
-    positions = sum(len({c for cols in r.predict_cols for c in cols}) for r in rows)
+    trie = build_trie(range(len(inputs)), inputs, [len(k) for k in continuations])
+    tokens, positions = len(trie), len(trie.predicts)  # each distinct tree token once, as the scorer computes them
     body, head = body_and_head_params(model)
     flops = 2.0 * body * tokens + 2.0 * head * positions
 
