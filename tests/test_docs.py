@@ -253,7 +253,7 @@ def test_links_between_pages_resolve():
 
 
 # Pages other helpers are writing; the README links them already (remove a name once its page lands).
-OTHER_HELPERS_PAGES = {"numerics.md", "scoring.md", "contamination.md", "sweeps.md",
+OTHER_HELPERS_PAGES = {"numerics.md", "contamination.md", "sweeps.md",
                        "failures-and-resume.md"}
 
 
