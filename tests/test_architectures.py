@@ -584,7 +584,7 @@ def test_negative_control_a_window_that_ignores_the_cached_prefix_is_caught(long
                                                                            monkeypatch):
     """The comparison above cannot pass vacuously: let the cached columns escape the sliding window and the
     windowed families score wrong."""
-    import raylm.scoring.packing as packing
+    from raylm.scoring import packing
 
     model = long_zoo(family)
     right, _ = tree_scores(model, mmlu_fewshot, token_budget=128)

@@ -83,4 +83,4 @@ def branch_inputs(batch: Sequence[PackedRow], width: int, layout: MaskLayout, dt
         positions[r, :len(row.tokens)] = torch.tensor(row.positions)
         spans[r, :len(row.tokens)] = torch.tensor(row.spans)
     masks = {key: additive_mask(visibility(spans, positions, cached, window), dtype) for key, window in layout}
-    return {"position_ids": positions, "attention_mask": masks[ONE_TENSOR] if ONE_TENSOR in masks else masks}
+    return {"position_ids": positions, "attention_mask": masks.get(ONE_TENSOR, masks)}

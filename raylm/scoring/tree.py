@@ -5,13 +5,14 @@ question: the requests' inputs form a trie several levels deep, with far fewer d
 trie is built from the inputs sorted, so node ids come out in preorder and a node's subtree is the id range
 [node, node + size): a row is then a few such ranges, and its mask follows from sizes alone (raylm.scoring.packing).
 
-The walk, per node: a child whose subtree fits one row (`row_tokens`, and the batch's request cap) joins a row with
-its siblings; a child too big has its path run once into a KV cache (a transformers DynamicCache, batch 1, built
+The walk, per node: a child whose subtree fits one row (`row_tokens`, and the batch's request cap) becomes a row,
+joined by its siblings where the rows continue a cached path; a child too big has its path run once into a KV cache (a transformers DynamicCache, batch 1, built
 without a config so no layer keeps only a sliding window of it) and the walk goes below it, the rows there
 attending the cached path through a mask [1, 1, q, cached + q] with positions continuing from it. The cache holds
 only the path the walk is on: each step crops it to its own cached length first, so memory for cached prefixes is
 bounded by the longest input. Rows over a cache run one at a time, so the prefix is never repeated per row; rows
-with no cached path batch as before. A path shorter than `cache_min` is not worth a forward pass of its own (two
+with no cached path batch as before, and share a row only where they share SHARE_FRACTION of their length (the
+old packing's rule), so unrelated texts keep plain rows and the model's own causal kernel. A path shorter than `cache_min` is not worth a forward pass of its own (two
 documents that only share BOS): it is copied into each row below it instead, as the old two-level packing did.
 """
 
@@ -23,6 +24,9 @@ from dataclasses import dataclass, field
 from raylm.scoring.packing import PackedRow
 
 CACHE_MIN_TOKENS = 32  # a shared path at least this long is cached once rather than copied into each row below it
+# Requests with no cached path share a row only if at least this fraction of the longest one is shared: two texts
+# that only share BOS gain nothing from a tree row, and a plain row keeps the model's own causal kernel.
+SHARE_FRACTION = 1 / 8
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Trie:
     depth: list[int] = field(default_factory=list)
     size: list[int] = field(default_factory=list)
     requests: list[int] = field(default_factory=list)
+    height: list[int] = field(default_factory=list)  # the longest input through the node
     children: list[list[int]] = field(default_factory=list)
     roots: list[int] = field(default_factory=list)
     predicts: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
@@ -70,6 +75,7 @@ def build_trie(requests: Sequence[int], inputs: Sequence[Sequence[int]], n_targe
             trie.depth.append(d)
             trie.size.append(1)
             trie.requests.append(0)
+            trie.height.append(d + 1)
             trie.children.append([])
             (trie.children[parent] if parent >= 0 else trie.roots).append(node)
             path.append(node)
@@ -83,6 +89,7 @@ def build_trie(requests: Sequence[int], inputs: Sequence[Sequence[int]], n_targe
         if parent >= 0:
             trie.size[parent] += trie.size[node]
             trie.requests[parent] += trie.requests[node]
+            trie.height[parent] = max(trie.height[parent], trie.height[node])
     return trie
 
 
@@ -112,6 +119,13 @@ class _Walk:
         """Cover `children`, whose parent's path is `cached` tokens of cache then the copied `prefix` nodes."""
         trie, group, used, count = self.trie, [], len(prefix), 0
         for child in children:
+            if self.fits(child, len(prefix)) and not cached:
+                if self.worth_a_row(child, prefix):
+                    self.emit(0, prefix, [child])
+                else:  # the requests below share too little: each gets a plain row, the short path copied
+                    chain = self.unary_chain(child)
+                    self.visit(trie.children[chain[-1]], 0, prefix + chain)
+                continue
             if self.fits(child, len(prefix)):
                 full = used + trie.size[child] > self.row_tokens or (
                     self.max_requests is not None and count + trie.requests[child] > self.max_requests)
@@ -135,6 +149,18 @@ class _Walk:
                 self.visit(below, cached, path)
         if group:
             self.emit(cached, prefix, group)
+
+    def unary_chain(self, node: int) -> list[int]:
+        """`node` and its descendants down to the first that branches or ends (inclusive)."""
+        chain = [node]
+        while len(self.trie.children[chain[-1]]) == 1:
+            chain.append(self.trie.children[chain[-1]][0])
+        return chain
+
+    def worth_a_row(self, node: int, prefix: list[int]) -> bool:
+        """Whether node's requests share enough to be one tree row with no cached path (a lone request always is)."""
+        shared = len(prefix) + len(self.unary_chain(node))
+        return shared >= max(1.0, SHARE_FRACTION * self.trie.height[node])
 
     def extend(self, cached: int, path: list[int]) -> None:
         """Run `path` into the cache after its first `cached` tokens, in pieces of at most a row."""
