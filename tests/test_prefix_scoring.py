@@ -184,3 +184,39 @@ def test_out_of_memory_on_a_single_request_is_raised(tiny_llama):
     scorer = Scorer(OutOfMemoryAbove(model, 10), 128, token_budget=4096, plan=attention_plan(model))
     with pytest.raises(torch.cuda.OutOfMemoryError):
         scorer.score([[1] * 20], [[5, 6]])
+
+
+def fewshot_requests(vocab: int, seed: int):
+    """A few-shot shape three levels deep: two 'subjects' (each a 60-token head), questions below each head, and
+    1-4 choices per question (some starting alike), as MMLU 5-shot's requests are."""
+    rnd = random.Random(seed)
+    contexts, continuations = [], []
+    for _ in range(2):
+        head = [rnd.randrange(vocab) for _ in range(60)]
+        for _ in range(5):
+            question = head + [rnd.randrange(vocab) for _ in range(rnd.randint(1, 12))]
+            first = rnd.randrange(vocab)
+            for _ in range(rnd.randint(1, 4)):
+                contexts.append(question)
+                continuations.append([first] + [rnd.randrange(vocab) for _ in range(rnd.randint(0, 3))])
+    return contexts, continuations
+
+
+@pytest.mark.parametrize("budget", [900, 48, 16])
+def test_tree_over_a_cached_head_matches_reference_with_token_logprobs(tiny_llama, budget):
+    """Rows over a cached head (budget 48: the head is cached, questions are rows over it; 16: the head in pieces
+    and questions cached too) give every request's loglikelihood and per-token log-probs as scoring alone does."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    max_length = model.config.max_position_embeddings
+    contexts, continuations = fewshot_requests(model.config.vocab_size, seed=budget)
+    scorer = Scorer(model, max_length, token_budget=budget)
+    loglik, greedy, per_token = scorer.score(contexts, continuations, token_logprobs=True)
+    alone = Scorer(model, max_length, share_prefixes=False).score(contexts, continuations, token_logprobs=True)
+    held = sum(len(c) + len(k) - 1 for c, k in zip(contexts, continuations))
+    assert scorer.computed_tokens < held / 3
+    for mine, theirs in zip(per_token, alone[2]):
+        np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-5)
+    assert (greedy == alone[1]).all()
+    model64 = float64_copy(model)
+    for i, (c, k) in enumerate(zip(contexts, continuations)):
+        assert loglik[i] == pytest.approx(reference_score(model64, c, k, max_length)[0], rel=1e-6, abs=1e-5)
