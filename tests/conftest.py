@@ -118,7 +118,15 @@ def ray_restarted_after(ray_session):
     start actors would wait for CPUs for ever.
     """
     yield ray_session
-    ray_session.shutdown()
+    restart_ray()
+
+
+def restart_ray() -> None:
+    """The session Ray shut down and started afresh: what a test that ends a stream in an error does before the
+    next stream, whose actors would otherwise wait for the CPUs the failed stream's actors still hold."""
+    import ray
+
+    ray.shutdown()
     _start_ray()
 
 

@@ -27,7 +27,7 @@ from lm_eval.api.model import LM
 from lm_eval.tasks import TaskManager
 
 import raylm.contamination.scan as scan_module
-from conftest import DATA, SHARED, run_cli
+from conftest import DATA, SHARED, restart_ray, run_cli
 from raylm.config import EvalConfig
 from raylm.contamination.documents import load_scan_tasks
 from raylm.contamination.ngrams import normalize
@@ -293,6 +293,7 @@ def test_a_failing_actor_or_a_bad_row_is_one_line_and_leaves_nothing(jsonl_scan,
         native_scan([path], tmp_path / "out")
     assert not list((tmp_path / "out").iterdir())
     monkeypatch.undo()
+    restart_ray()
     pq.write_table(pa.table({"body": ["fine", None]}), tmp_path / "nulls.parquet")
     with pytest.raises(RaylmError, match=r"nulls\.parquet: field 'text': expected a document's text, got NoneType"):
         native_scan([tmp_path / "nulls.parquet"], tmp_path / "out2")

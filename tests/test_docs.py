@@ -36,7 +36,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CLI_PAGE = REPO / "docs" / "cli.md"
 GENERATED = "<!-- generated from the parser: python tests/test_docs.py --write -->"
-COMMANDS = ("eval", "sweep", "ppl", "kl", "probe")
+COMMANDS = ("eval", "sweep", "ppl", "kl", "probe", "contamination", "membership")
 HELP_COLUMNS = "100"
 # Commands whose first words are these are exercised elsewhere; the reason says where.
 EXERCISED_ELSEWHERE = {
@@ -65,21 +65,46 @@ def blocks(page: Path, language: str) -> list[str]:
     return re.findall(rf"^```{language}\n(.*?)^```", page.read_text(), re.MULTILINE | re.DOTALL)
 
 
-def commands(block: str) -> list[list[str]]:
-    """The block's commands as argv lists."""
+def commands(block: str) -> list[tuple[list[str], str, bool]]:
+    """The block's commands as (argv, heredoc, refused): heredoc is what a `<<'EOF'` line feeds the command."""
     out = []
-    for line in block.replace("\\\n", " ").splitlines():
+    lines = iter(block.replace("\\\n", " ").splitlines())
+    for line in lines:
+        heredoc = ""
+        if (here := re.search(r"<<'?(\w+)'?", line)) is not None:
+            body = []
+            for following in lines:
+                if following == here.group(1):
+                    break
+                body.append(following)
+            heredoc = "\n".join(body) + "\n"
+            line = line[:here.start()]
         words = shlex.split(line, comments=True)
         while words:
             cut = words.index("&&") if "&&" in words else len(words)
-            out.append(words[:cut])
+            out.append((words[:cut], heredoc, _refused(line)))
             words = words[cut + 1:]
-    return [c for c in out if c]
+    return [(argv, heredoc, refused) for argv, heredoc, refused in out if argv]
 
 
-def every_command() -> list[tuple[str, int, list[str]]]:
-    return [(str(page.relative_to(REPO)), i, argv) for page in pages() for i, block in enumerate(blocks(page, "bash"))
-            for argv in commands(block)]
+def _refused(line: str) -> bool:
+    """A command the page shows being refused says so in its comment (`# ...: refused, naming why`)."""
+    return "#" in line and re.search(r"\brefused\b", line.split("#", 1)[1]) is not None
+
+
+def every_command() -> list[tuple[str, list[str], str, bool]]:
+    return [(str(page.relative_to(REPO)), argv, heredoc, refused) for page in pages()
+            for block in blocks(page, "bash") for argv, heredoc, refused in commands(block)]
+
+
+def without_timeout(argv: list[str]) -> list[str]:
+    """`timeout [-s SIGNAL] SECONDS command...` -> command: the page kills it to show a resume; run here whole."""
+    if argv[:1] != ["timeout"]:
+        return argv
+    rest = argv[1:]
+    while rest and rest[0].startswith("-"):
+        rest = rest[2:] if rest[0] in ("-s", "--signal", "-k", "--kill-after") else rest[1:]
+    return rest[1:]
 
 
 def split_env(argv: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -137,8 +162,10 @@ def runs_offline(args, argv: list[str]) -> bool:
     """A local model (or the demo) and every path the command names present; sweeps and probes only parse."""
     from raylm.models.spec import looks_local
 
-    if args is None or args.command not in ("eval", "ppl"):
+    if args is None or args.command not in ("eval", "ppl", "contamination"):
         return False
+    if args.command == "contamination":
+        return all((REPO / p).exists() for p in args.corpus) and (args.data_dir is None or (REPO / args.data_dir).exists())
     model = args.model or ("demo" if getattr(args, "demo", False) else None)
     if model is None or (model != "demo" and not (looks_local(model) and (REPO / model).exists())):
         return False
@@ -155,23 +182,27 @@ def cheap(args, argv: list[str]) -> list[str]:
         argv = [*argv, "--limit", "5"]
     if args.command == "ppl" and _option(argv, "--limit-docs") is None:
         argv = [*argv, "--limit-docs", "5"]
-    argv = [*argv, "--no-progress"]
-    return argv
+    # A scan keeps its documents: an evaluation --decontaminate'd by it must find every document it scores scanned.
+    return [*argv, "--no-progress"]
 
 
 @pytest.fixture(scope="module")
 def ran(ray_session, tmp_path_factory):
     """Every command of every page, classified and parsed; the offline raylm ones run in page order (a later
-    command may read what an earlier one wrote), each in a fresh output directory."""
+    command may read what an earlier one wrote), each in a fresh output directory. What the commands leave in the
+    checkout (a page's own --output, a file a heredoc writes) is removed afterwards."""
     from raylm.cli import main
 
     done = []
+    outputs: set[str] = set()
     default_out = tmp_path_factory.mktemp("docs-out")
     cwd = os.getcwd()
+    before = set(REPO.iterdir())
     os.chdir(REPO)
     try:
-        for page, index, argv in every_command():
+        for page, argv, heredoc, refused in every_command():
             env, words = split_env(argv)
+            words = without_timeout(words)
             raylm_argv = raylm_part(words)
             if raylm_argv is not None:
                 args, _ = parsed(raylm_argv)
@@ -181,7 +212,9 @@ def ran(ray_session, tmp_path_factory):
                     if out is None:
                         out = str(default_out / f"{len(done)}")
                         run_argv += ["--output", out]
-                    shutil.rmtree(out, ignore_errors=True)
+                    if out not in outputs:  # a page's later command may resume or refuse what its earlier one left
+                        shutil.rmtree(out, ignore_errors=True)
+                        outputs.add(out)
                     saved = {k: os.environ.get(k) for k in env}
                     os.environ.update(env)
                     try:
@@ -190,9 +223,14 @@ def ran(ray_session, tmp_path_factory):
                     finally:
                         for k, v in saved.items():
                             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-                    done.append((page, argv, "ran", code))
+                    expected = 2 if refused else 0
+                    done.append((page, argv, "ran", 0 if code == expected else f"exit {code}, expected {expected}"))
                 else:
                     done.append((page, argv, "parsed", 0))
+            elif words == ["python", "-"] and heredoc:
+                proc = subprocess.run([sys.executable, "-"], input=heredoc, capture_output=True, text=True,
+                                      timeout=120, env={**os.environ, **env})
+                done.append((page, argv, "ran", 0 if proc.returncode == 0 else proc.stderr[-2000:]))
             elif words[:2] == ["python", "-c"]:
                 proc = subprocess.run([sys.executable, *words[1:]], capture_output=True, text=True, timeout=120,
                                       env={**os.environ, **env})
@@ -205,6 +243,8 @@ def ran(ray_session, tmp_path_factory):
                 done.append((page, argv, "elsewhere" if reason else "unknown", reason))
     finally:
         os.chdir(cwd)
+        for path in set(REPO.iterdir()) - before:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
     return done
 
 
@@ -249,12 +289,7 @@ def test_every_page_starts_with_an_example():
 def test_links_between_pages_resolve():
     for page in pages():
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
-            assert (page.parent / target).exists() or Path(target).name in OTHER_HELPERS_PAGES, (page.name, target)
-
-
-# Pages other helpers are writing; the README links them already (remove a name once its page lands).
-OTHER_HELPERS_PAGES = {"numerics.md", "contamination.md", "sweeps.md",
-                       "failures-and-resume.md"}
+            assert (page.parent / target).exists(), (page.name, target)
 
 
 def test_the_data_path_page_names_every_module():
