@@ -1,5 +1,6 @@
-"""How close scoring comes to the compute floor: the minimal FLOPs (each shared prefix once, the LM head only on
-positions that predict continuation tokens) over this machine's fp32 matmul rate, measured in the same run.
+"""How close scoring comes to the compute floor: the minimal FLOPs (each distinct token of the requests' token tree
+once, attention from each to its ancestors, cached prefixes included, and the LM head only on positions that
+predict continuation tokens) over this machine's fp32 matmul rate, measured in the same run.
 
     PYTHONPATH=$PWD python bench/floor.py --model gpt2-small --rows 200
 """
@@ -22,8 +23,8 @@ from raylm.models.context import resolve_max_length  # noqa: E402
 from raylm.models.loading import load_model, load_tokenizer  # noqa: E402
 from raylm.models.spec import ModelSpec  # noqa: E402
 from raylm.requests.encoding import Encoder  # noqa: E402
-from raylm.scoring.packing import pack, plan_groups  # noqa: E402
 from raylm.scoring.scorer import Scorer  # noqa: E402
+from raylm.scoring.tree import build_trie  # noqa: E402
 
 
 def matmul_rate(hidden: int, vocab: int, tokens: int = 2048, repeats: int = 3) -> float:
@@ -40,19 +41,25 @@ def matmul_rate(hidden: int, vocab: int, tokens: int = 2048, repeats: int = 3) -
     return best
 
 
-def minimal_flops(model, inputs: list[list[int]], n_targets: list[int], doc_ids: list[int]) -> tuple[float, int, int]:
-    """2 x body parameters per distinct input token, plus 2 x hidden x vocab per predicting position."""
-    groups = plan_groups(inputs, doc_ids, 1 << 30, None)
-    rows = [pack(g, inputs, n_targets) for g in groups]
-    unique = sum(len(r.tokens) for r in rows)
-    head_positions = sum(len({c for cols in r.predict_cols for c in cols}) for r in rows)
+def tree_counts(inputs: list[list[int]], n_targets: list[int]) -> tuple[int, int, int]:
+    """Distinct tree tokens, distinct predicting positions, and (query, key) pairs of attention: each distinct
+    token attends to itself and all its ancestors once, whether they sit in its row or in a cached prefix."""
+    trie = build_trie(range(len(inputs)), inputs, n_targets)
+    return len(trie), len(trie.predicts), sum(d + 1 for d in trie.depth)
+
+
+def minimal_flops(model, inputs: list[list[int]], n_targets: list[int]) -> tuple[float, int, int]:
+    """2 x body parameters per distinct tree token, 4 x hidden x layers per attended (query, key) pair, plus
+    2 x hidden x vocab per predicting position."""
+    unique, head_positions, pairs = tree_counts(inputs, n_targets)
     embeddings = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) for p in m.parameters()}
     positional = getattr(getattr(model, "transformer", None), "wpe", None)
     if positional is not None:
         embeddings |= {id(p) for p in positional.parameters()}
     body = sum(p.numel() for p in model.parameters() if id(p) not in embeddings)
     head = model.get_output_embeddings().weight.numel()
-    return 2.0 * body * unique + 2.0 * head * head_positions, unique, head_positions
+    attention = 4.0 * model.config.hidden_size * model.config.num_hidden_layers * pairs
+    return 2.0 * body * unique + attention + 2.0 * head * head_positions, unique, head_positions
 
 
 def main() -> None:
@@ -75,7 +82,7 @@ def main() -> None:
         contexts, continuations = table["context"].to_pylist(), table["continuation"].to_pylist()
         doc_ids = table["doc_id"].to_pylist()
         inputs = [(c + k)[-(max_length + 1):][:-1] for c, k in zip(contexts, continuations)]
-        flops, unique, head_positions = minimal_flops(model, inputs, [len(k) for k in continuations], doc_ids)
+        flops, unique, head_positions = minimal_flops(model, inputs, [len(k) for k in continuations])
         loop_tokens = sum(len(x) for x in inputs)
         Scorer(model, max_length).score(contexts[:8], continuations[:8], doc_ids[:8])  # warm-up
         rate, scoring_s = 0.0, float("inf")
@@ -89,7 +96,7 @@ def main() -> None:
         out.append([task, len(contexts), loop_tokens, unique, head_positions, flops / 1e12, rate / 1e9,
                     scoring_s, floor_s, flops / scoring_s / 1e9, scoring_s / floor_s])
     print_table(f"{args.model}: scoring time against the compute floor ({torch.get_num_threads()} threads)",
-                ["task", "requests", "tokens (per request)", "tokens (shared once)", "head positions",
+                ["task", "requests", "tokens (per request)", "tokens (tree, once)", "head positions",
                  "min TFLOP", "matmul GFLOP/s", "scoring s", "floor s", "achieved GFLOP/s", "time / floor"], out)
 
 

@@ -35,12 +35,13 @@ from raylm.models.loading import load_config, load_tokenizer, resolve_scorer
 from raylm.models.spec import ModelSpec, check_model_path
 from raylm.requests.encoding import Encoder
 from raylm.requests.masked import MaskedEncoder
+from raylm.requests.order import restore, token_order
 from raylm.requests.shards import LMEVAL_KIND, Shard, make_shards
 from raylm.requests.table import build_requests
 from raylm.results.contamination import CleanSets, decontaminated_key, read_scan
 from raylm.results.metrics import choice_metrics, rolling_metrics
 from raylm.results.lock import output_lock
-from raylm.results.report import EvalResult, TaskResult, prefix_sharing, run_summary
+from raylm.results.report import EvalResult, TaskResult, prefix_sharing, run_summary, token_counts
 from raylm.results.sums import merge, shard_sums
 from raylm.tasks import ChoiceDoc, get_task
 from raylm.tasks.base import with_fewshot
@@ -339,7 +340,7 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
     results = {}
     for name, (kind, requests) in tables.items():
         mine = [scored[s.index] for s in shards if s.task == name]
-        table = pa.concat_tables(s.table for s in mine)
+        table = restore(pa.concat_tables(s.table for s in mine), token_order(requests))
         if table.num_rows != requests.num_rows:
             raise RaylmError(f"{name}: {table.num_rows} results for {requests.num_rows} requests")
         sums = merge([s.sums for s in mine])
@@ -360,6 +361,8 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
     extra = {"scorer": scorer, "pll": cfg.model.pll if scorer == "mlm" else None,
              "shards": len(shards), "max_length": encoder.max_length,
              "prefix_sharing": prefix_sharing(scored[s.index].prefix_sharing for s in shards),
+             "tokens": token_counts((s.task, scored[s.index].input_tokens, scored[s.index].computed_tokens)
+                                    for s in shards),
              "requests_scored": sum(s.table.num_rows for s in todo), "shards_retried": report.retried,
              "shards_resumed": resumed, "actors_replaced": report.replaced, "ray_gcs_address": gcs_address(),
              "model_commit": scored_commit(cfg.model), "peft_commit": cfg.model.peft_revision,

@@ -20,7 +20,7 @@ import pytest
 import tiny_families as fam
 import torch
 import transformers
-from conftest import DATA, STORIES
+from conftest import DATA, SHARED, STORIES
 from reference import float64_copy, reference_score
 from reference_corpus import reference_kl, reference_strided_nll
 from transformers import AutoTokenizer
@@ -522,3 +522,79 @@ def test_the_driver_records_one_verdict_or_the_distinct_ones():
     assert prefix_sharing([fell_back, "packed (start-up check: max |Δ| 2e-06 over 13 requests)"]) == [
         "packed (start-up check: max |Δ| 2e-06 over 13 requests)", fell_back]
     assert prefix_sharing([None]) is None
+
+
+# MMLU 5-shot as lm-eval 0.4.13 built it (the golden's prompts): every question of a subject carries the same
+# few-shot head (~700 tokens here), then its question, then four one-token choices: a tree three levels deep.
+FEWSHOT_GOLDEN = SHARED / "golden" / "lmeval-0.4.13_stories260K_fewshot.json"
+FEWSHOT_CONTEXT = 1024
+FEWSHOT_QUESTIONS = 4
+PACKED = [f for f in FAMILIES if EXPECTED[f][1]]
+
+
+@pytest.fixture(scope="module")
+def mmlu_fewshot(encoder):
+    """(contexts, continuations) of the first questions of abstract_algebra, 5-shot, in stories260K's tokens."""
+    samples = json.loads(FEWSHOT_GOLDEN.read_text())["samples"]["mmlu_abstract_algebra_local"][:FEWSHOT_QUESTIONS]
+    pairs = [tuple(argument) for sample in samples for argument in sample["arguments"]]
+    requests = Encoder(encoder.tokenizer, FEWSHOT_CONTEXT).encode_pairs(pairs)
+    return [list(c) for c, _ in requests], [list(k) for _, k in requests]
+
+
+@pytest.fixture(scope="module")
+def long_zoo(tmp_path_factory):
+    """Each family again with a position range wide enough for an untruncated 5-shot prompt."""
+    paths: dict[str, Path] = {}
+
+    def model(family: str) -> torch.nn.Module:
+        if family not in paths:
+            paths[family] = fam.build(family, tmp_path_factory.mktemp("long"), context=FEWSHOT_CONTEXT)
+        return load_model(ModelSpec(str(paths[family]), dtype="float32", device="cpu"))
+
+    return model
+
+
+def tree_scores(model, requests, token_budget: int, shards: int = 2):
+    """The requests scored as an actor scores its shards: cut inside the subject, each shard a tree whose rows are
+    short enough (token_budget) that the few-shot head runs into the KV cache and the questions run over it."""
+    contexts, continuations = requests
+    cut = len(contexts) // shards // 4 * 4 + 2  # inside a question: its choices land in two shards
+    scorer = Scorer(model, FEWSHOT_CONTEXT, token_budget=token_budget)
+    parts = [scorer.score(contexts[a:b], continuations[a:b])[0] for a, b in ((0, cut), (cut, len(contexts)))]
+    return np.concatenate(parts), scorer
+
+
+@pytest.mark.parametrize("family", PACKED)
+def test_tree_scoring_over_a_cached_fewshot_head_equals_the_float64_reference(long_zoo, mmlu_fewshot, family,
+                                                                               record_property):
+    contexts, continuations = mmlu_fewshot
+    model = long_zoo(family)
+    assert min(len(c) for c in contexts) > 40 * fam.WINDOW  # the head reaches far past every window
+    got, scorer = tree_scores(model, mmlu_fewshot, token_budget=128)
+    held = sum(len(c) + len(k) - 1 for c, k in zip(contexts, continuations))
+    assert scorer.packed_rows > 0 and scorer.computed_tokens < held / 3  # the head ran once per shard
+    model64 = float64_copy(model)
+    ref = np.array([reference_score(model64, c, k, FEWSHOT_CONTEXT)[0] for c, k in zip(contexts, continuations)])
+    record_property("max_abs_tree_vs_f64", float(np.abs(got - ref).max()))
+    assert within(np.abs(got - ref), np.array([len(k) for k in continuations]), ref)
+
+
+@pytest.mark.parametrize("family", [f for f in WINDOWED if f in PACKED])
+def test_negative_control_a_window_that_ignores_the_cached_prefix_is_caught(long_zoo, mmlu_fewshot, family,
+                                                                           monkeypatch):
+    """The comparison above cannot pass vacuously: let the cached columns escape the sliding window and the
+    windowed families score wrong."""
+    from raylm.scoring import packing
+
+    model = long_zoo(family)
+    right, _ = tree_scores(model, mmlu_fewshot, token_budget=128)
+    exact = packing.visibility
+
+    def cache_outside_the_window(spans, positions, cached, window):
+        visible = exact(spans, positions, cached, window)
+        visible[..., :cached] = True
+        return visible
+
+    monkeypatch.setattr(packing, "visibility", cache_outside_the_window)
+    wrong, _ = tree_scores(model, mmlu_fewshot, token_budget=128)
+    assert np.abs(wrong - right).max() > WRONG

@@ -34,6 +34,14 @@ def test_the_gpu_benchmark_driver_scores_and_prints_its_table_row_on_cpu():
     assert row[9].endswith("%") and int(row[10]) > 0
 
 
+def test_the_gpu_benchmark_driver_runs_mmlu_5shot_as_a_tree_on_cpu():
+    proc = run_as_on_the_device("gpu_driver.py", "--device", "cpu", "--tiny", "--dtype", "float32", "--docs", "40",
+                                "--task", "mmlu-5shot")
+    row = [c.strip() for c in proc.stdout.strip().splitlines()[-1].strip("|").split("|")]
+    assert row[:4] == ["tiny mmlu-5shot", "float32", "40", "160"]
+    assert 0 < float(row[11]) < 0.3  # each subject's head and each question computed once
+
+
 def test_every_numerics_check_runs_end_to_end_on_cpu_at_bfloat16():
     """hellaswag (raylm vs lm-eval HFLM on one model object; packed vs unpacked), load (load_model, then the model
     spread over two devices: on CPU, the CPU and a disk offload folder), max-length (one long document per

@@ -292,8 +292,6 @@ def test_links_between_pages_resolve():
             assert (page.parent / target).exists(), (page.name, target)
 
 
-
-
 def test_the_data_path_page_names_every_module():
     text = (REPO / "docs" / "how-it-works.md").read_text()
     missing = [str(p.relative_to(REPO)) for p in sorted((REPO / "raylm").rglob("*.py"))

@@ -189,6 +189,15 @@ def test_lm_eval_results_do_not_depend_on_actors_or_shard_size(runs):
         assert a.scored.select(["doc_id", "req_idx", "window"]).equals(b.scored.select(["doc_id", "req_idx", "window"]))
     for section in ("results", "groups", "n-samples", "n-shot", "versions"):
         assert_same(one.lmeval[section], two.lmeval[section])
+    # config.tokens: the same tokens held whatever the shards; the actors computed each shared prefix once per
+    # shard, so fewer with big shards, and never more than the requests hold.
+    tokens_one, tokens_two = one.extra["tokens"], two.extra["tokens"]
+    assert tokens_one.keys() == tokens_two.keys() == set(one.tasks)
+    for name in one.tasks:
+        held = tokens_one[name]["in_requests"]
+        assert held == tokens_two[name]["in_requests"] > 0
+        assert tokens_one[name]["computed"] <= tokens_two[name]["computed"] <= held
+    assert sum(t["computed"] for t in tokens_one.values()) < sum(t["in_requests"] for t in tokens_one.values())
 
 
 def assert_same(ours: dict, theirs: dict) -> None:
@@ -220,6 +229,8 @@ def test_killed_run_resumes_and_equals_an_uninterrupted_one(ray_session, tasks_d
     for section in ("results", "groups", "n-samples", "versions", "n-shot", "higher_is_better", "group_subtasks"):
         assert resumed[section] == whole[section], section
     assert resumed["sums"].keys() == whole["sums"].keys()
+    assert resumed["config"]["tokens"] == whole["config"]["tokens"]  # resumed shards kept their computed counts
+    assert "tokens computed (" in final
     # A different run is refused there.
     args = eval_args(tasks_dir, out)
     args[args.index("--limit") + 1] = "3"

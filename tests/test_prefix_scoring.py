@@ -14,8 +14,8 @@ from test_scoring import real_requests
 from transformers import AutoModelForCausalLM
 
 from raylm.scoring.attention import attention_plan
-from raylm.scoring.packing import PREFIX, pack, plan_groups
 from raylm.scoring.scorer import Scorer
+from raylm.scoring.tree import build_trie, plan_tree
 
 
 def grouped_requests(vocab: int, max_length: int, n_docs: int, seed: int):
@@ -39,23 +39,40 @@ def grouped_requests(vocab: int, max_length: int, n_docs: int, seed: int):
     return contexts, continuations, doc_ids
 
 
-def test_pack_lays_out_prefix_once_with_branch_positions():
+def test_a_tree_row_lays_out_each_distinct_prefix_once_at_its_true_position():
     inputs = [[5, 6, 7, 8], [5, 6, 7, 9, 10], [5, 6]]
-    row = pack([0, 1, 2], inputs, n_targets=[2, 3, 1])
-    assert row.tokens == [5, 6, 7, 8, 7, 9, 10]
-    assert row.positions == [0, 1, 2, 3, 2, 3, 4]
-    assert row.segments == [PREFIX, PREFIX, 0, 0, 1, 1, 1]
-    # Input index t predicts token t+1: request 2's only target is predicted from shared column 1.
-    assert row.predict_cols == [[2, 3], [4, 5, 6], [1]]
+    free, cached = plan_tree([0, 1, 2], inputs, n_targets=[2, 3, 1], row_tokens=100)
+    assert cached == [] and len(free) == 1
+    row = free[0]
+    assert row.tokens == [5, 6, 7, 8, 9, 10]
+    assert row.positions == [0, 1, 2, 3, 3, 4]
+    assert row.spans == [6, 5, 4, 1, 2, 1]  # columns j..j+span-1 are column j's descendants-or-self
+    # Input index t predicts token t+1: request 2's only target is predicted from shared column 1, request 0's
+    # first target and request 1's first from column 2 (both continue after 5 6 7).
+    assert sorted(row.predicts) == [(1, 2, 0), (2, 0, 0), (2, 1, 0), (3, 0, 1), (4, 1, 1), (5, 1, 2)]
 
 
-def test_plan_groups_only_same_document_with_a_real_shared_prefix():
-    inputs = [[1, 2, 3, 4], [1, 2, 3, 5], [1, 9, 9, 9, 9, 9, 9, 9, 9, 9], [7, 7], [7, 7, 7]]
-    assert plan_groups(inputs, None, 100, None) == [[0, 1], [2], [3, 4]]
-    assert plan_groups(inputs, [0, 1, 1, 2, 2], 100, None) == [[0], [1], [2], [3, 4]]
-    assert plan_groups(inputs, None, 4, None) == [[0], [1], [2], [3, 4]]
-    assert plan_groups(inputs, None, 100, 1) == [[0], [1], [2], [3], [4]]
-    assert plan_groups(inputs, None, 100, None, share=False) == [[0], [1], [2], [3], [4]]
+def test_a_subtree_too_big_for_a_row_runs_its_path_once_into_the_cache_and_rows_continue_from_it():
+    head = list(range(10, 50))  # a 40-token few-shot head
+    inputs = [head + [60 + q, 70 + c] for q in range(3) for c in range(2)]
+    free, steps = plan_tree(range(6), inputs, [1] * 6, row_tokens=8)
+    assert free == []
+    assert [(s.cached, s.keep, len(s.rows[0].tokens)) for s in steps] == [(0, True, 8)] * 1 + [
+        (8 * i, True, 8) for i in range(1, 5)] + [(40, False, 6), (40, False, 3)]
+    assert steps[-1].rows[0].positions == [40, 41, 41] and steps[-1].rows[0].spans == [3, 1, 1]
+
+
+def test_a_short_shared_path_is_copied_into_each_row_instead_of_cached():
+    inputs = [[1, 5, 6, 7], [1, 8, 9, 10]]  # two documents that share only BOS
+    free, steps = plan_tree([0, 1], inputs, [2, 2], row_tokens=6)
+    assert steps == [] and [row.tokens for row in free] == [[1, 5, 6, 7], [1, 8, 9, 10]]
+    assert sorted(free[0].predicts + free[1].predicts) == [(2, 0, 0), (2, 1, 0), (3, 0, 1), (3, 1, 1)]
+
+
+def test_trie_nodes_are_in_preorder_with_subtree_sizes():
+    trie = build_trie([0, 1, 2, 3], [[3, 1], [1, 2, 3], [1, 2], [1, 4]], [1, 1, 1, 1])
+    assert trie.tokens == [1, 2, 3, 4, 3, 1] and trie.depth == [0, 1, 2, 1, 0, 1]
+    assert trie.size == [4, 2, 1, 1, 2, 1] and trie.requests == [3, 2, 1, 1, 1, 1]
 
 
 @pytest.mark.parametrize("fixture", ["tiny_gpt2", "tiny_llama"])
@@ -109,7 +126,7 @@ class Counting(torch.nn.Module):
 
 
 def test_hellaswag_prefix_runs_once_and_head_sees_only_continuation_positions(tiny_llama):
-    """Each document's common prefix is fed once; the head sees each predicting position once."""
+    """Each distinct prefix of a document's inputs is fed once; the head sees each predicting position once."""
     model, encoder, tables = real_requests(tiny_llama, tasks=("hellaswag",), limit=8)
     table = tables["hellaswag"][1]
     rows = list(zip(table["context"].to_pylist(), table["continuation"].to_pylist(), table["doc_id"].to_pylist()))
@@ -120,12 +137,8 @@ def test_hellaswag_prefix_runs_once_and_head_sees_only_continuation_positions(ti
     for doc in sorted(set(doc_ids)):
         mine = [(c, k) for c, k, d in zip(contexts, continuations, doc_ids) if d == doc]
         inputs = [(c + k)[:-1] for c, k in mine]
-        shared = min(next((t for t in range(len(a)) if t >= len(b) or a[t] != b[t]), len(a))
-                     for a in inputs for b in inputs)
-        tokens += shared + sum(len(x) - shared for x in inputs)
-        in_prefix = {t for x, (_, k) in zip(inputs, mine) for t in range(len(x) - len(k), len(x)) if t < shared}
-        head_rows += len(in_prefix) + sum(1 for x, (_, k) in zip(inputs, mine)
-                                          for t in range(len(x) - len(k), len(x)) if t >= shared)
+        tokens += len({tuple(x[:t + 1]) for x in inputs for t in range(len(x))})
+        head_rows += len({tuple(x[:t + 1]) for x, (_, k) in zip(inputs, mine) for t in range(len(x) - len(k), len(x))})
     counting = Counting(model)
     # The wrapper is no class the rule knows (so it would be scored unpacked): give it the wrapped model's plan.
     scorer = Scorer(counting, encoder.max_length, plan=attention_plan(model))
@@ -171,3 +184,39 @@ def test_out_of_memory_on_a_single_request_is_raised(tiny_llama):
     scorer = Scorer(OutOfMemoryAbove(model, 10), 128, token_budget=4096, plan=attention_plan(model))
     with pytest.raises(torch.cuda.OutOfMemoryError):
         scorer.score([[1] * 20], [[5, 6]])
+
+
+def fewshot_requests(vocab: int, seed: int):
+    """A few-shot shape three levels deep: two 'subjects' (each a 60-token head), questions below each head, and
+    1-4 choices per question (some starting alike), as MMLU 5-shot's requests are."""
+    rnd = random.Random(seed)
+    contexts, continuations = [], []
+    for _ in range(2):
+        head = [rnd.randrange(vocab) for _ in range(60)]
+        for _ in range(5):
+            question = head + [rnd.randrange(vocab) for _ in range(rnd.randint(1, 12))]
+            first = rnd.randrange(vocab)
+            for _ in range(rnd.randint(1, 4)):
+                contexts.append(question)
+                continuations.append([first] + [rnd.randrange(vocab) for _ in range(rnd.randint(0, 3))])
+    return contexts, continuations
+
+
+@pytest.mark.parametrize("budget", [900, 48, 16])
+def test_tree_over_a_cached_head_matches_reference_with_token_logprobs(tiny_llama, budget):
+    """Rows over a cached head (budget 48: the head is cached, questions are rows over it; 16: the head in pieces
+    and questions cached too) give every request's loglikelihood and per-token log-probs as scoring alone does."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    max_length = model.config.max_position_embeddings
+    contexts, continuations = fewshot_requests(model.config.vocab_size, seed=budget)
+    scorer = Scorer(model, max_length, token_budget=budget)
+    loglik, greedy, per_token = scorer.score(contexts, continuations, token_logprobs=True)
+    alone = Scorer(model, max_length, share_prefixes=False).score(contexts, continuations, token_logprobs=True)
+    held = sum(len(c) + len(k) - 1 for c, k in zip(contexts, continuations))
+    assert scorer.computed_tokens < held / 3
+    for mine, theirs in zip(per_token, alone[2]):
+        np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-5)
+    assert (greedy == alone[1]).all()
+    model64 = float64_copy(model)
+    for i, (c, k) in enumerate(zip(contexts, continuations)):
+        assert loglik[i] == pytest.approx(reference_score(model64, c, k, max_length)[0], rel=1e-6, abs=1e-5)

@@ -81,9 +81,13 @@ FAMILIES: dict[str, Callable[[], tf.PreTrainedConfig]] = {
 }
 
 
-def build(family: str, directory: Path, seed: int = 0) -> Path:
-    """Random-initialise `family` under `seed` and save it with save_pretrained into directory/family-seed."""
-    out = directory / f"{family}-s{seed}"
+def build(family: str, directory: Path, seed: int = 0, context: int = CONTEXT) -> Path:
+    """Random-initialise `family` under `seed` and save it with save_pretrained into directory/family-seed; a
+    `context` other than CONTEXT widens its position range (few-shot prompts run to hundreds of tokens)."""
+    out = directory / f"{family}-s{seed}" if context == CONTEXT else directory / f"{family}-s{seed}-c{context}"
     torch.manual_seed(seed)
-    tf.AutoModelForCausalLM.from_config(FAMILIES[family]()).save_pretrained(out)
+    config = FAMILIES[family]()
+    if context != CONTEXT:
+        config.max_position_embeddings = context  # n_positions / max_seq_len through each config's attribute_map
+    tf.AutoModelForCausalLM.from_config(config).save_pretrained(out)
     return out

@@ -43,8 +43,12 @@ def score_shard(scorer: Scorer | MaskedScorer, kind: str, shard: pa.Table) -> Sc
         loglik, greedy = scorer.score(contexts, continuations, shard["following"].to_pylist(), word_ids)
         scored_tokens = pa.array([sum(w != UNSCORED for w in words) for words in word_ids], pa.int32())
         scored = shard.drop_columns(["context", "continuation", *MASKED_COLUMNS])
+        tokens: tuple[int | None, int | None] = (None, None)
     else:
+        before = scorer.computed_tokens
         loglik, greedy = scorer.score(contexts, continuations, shard["doc_id"].to_pylist())
+        tokens = (sum(min(len(c) + len(k), scorer.max_length + 1) - 1 for c, k in zip(contexts, continuations)),
+                  scorer.computed_tokens - before)
         scored_tokens = pc.list_value_length(shard["continuation"])
         scored = shard.drop_columns(["context", "continuation"])
     for name, column in (("loglikelihood", pa.array(loglik, pa.float64())), ("is_greedy", pa.array(greedy)),
@@ -53,7 +57,7 @@ def score_shard(scorer: Scorer | MaskedScorer, kind: str, shard: pa.Table) -> Sc
         scored = scored.append_column(name, column)
     verdict = MASKED_PREFIX_SHARING if masked else scorer.plan.prefix_sharing
     device, dtype = loaded_as(scorer.model)
-    return ScoredShard(scored, shard_sums(kind, scored), os.getpid(), verdict, device, dtype)
+    return ScoredShard(scored, shard_sums(kind, scored), os.getpid(), verdict, device, dtype, *tokens)
 
 
 def loaded_as(model: torch.nn.Module) -> tuple[str, str]:

@@ -5,7 +5,9 @@ the actor count; a rerun of the same command reloads finished shards and scores 
 fingerprints everything that decides a shard's requests or their scores (model commit or weight contents, tasks,
 the request tables themselves, few-shot settings, limit, seeds, include path, shard size, the versions of torch,
 transformers and lm-eval, raylm's code), every shard file records the device and dtype its actor scored with, and
-results of a different run are never mixed in.
+results of a different run are never mixed in. Shards are laid out in token order (raylm.requests.order), a
+function of the request tables, the shard size and raylm's code, all three fingerprinted, so a resumed run cuts
+the same shards; each shard file also keeps the tokens its actor computed, for config.tokens.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ _PID_KEY = b"raylm.pid"  # also what marks a shard file as raylm's (raylm.result
 _PREFIX_SHARING_KEY = b"raylm.prefix_sharing"
 _DEVICE_KEY = b"raylm.device"
 _DTYPE_KEY = b"raylm.dtype"
+_INPUT_TOKENS_KEY = b"raylm.input_tokens"
+_COMPUTED_TOKENS_KEY = b"raylm.computed_tokens"
 SCORING_LIBRARIES = ("torch", "transformers", "lm_eval")
 
 
@@ -173,6 +177,9 @@ class Checkpoint:
                 _DTYPE_KEY: str(scored.dtype).encode()}
         if scored.prefix_sharing is not None:
             tags[_PREFIX_SHARING_KEY] = scored.prefix_sharing.encode()
+        for key, count in ((_INPUT_TOKENS_KEY, scored.input_tokens), (_COMPUTED_TOKENS_KEY, scored.computed_tokens)):
+            if count is not None:
+                tags[key] = str(count).encode()
         table = scored.table.replace_schema_metadata(tags)
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
@@ -201,7 +208,9 @@ class Checkpoint:
             verdict = tags[_PREFIX_SHARING_KEY].decode() if _PREFIX_SHARING_KEY in tags else None
             done[shard.index] = ScoredShard(table.replace_schema_metadata(None), shard_sums(shard.kind, table), pid,
                                             verdict, tags.get(_DEVICE_KEY, b"unknown").decode(),
-                                            tags.get(_DTYPE_KEY, b"unknown").decode())
+                                            tags.get(_DTYPE_KEY, b"unknown").decode(),
+                                            *(int(tags[k]) if k in tags else None
+                                              for k in (_INPUT_TOKENS_KEY, _COMPUTED_TOKENS_KEY)))
         return done
 
 

@@ -143,11 +143,31 @@ def _is_rolling(result: EvalResult, name: str) -> bool:
     return kind == "rolling"
 
 
+def token_counts(shards: Iterable[tuple[str, int | None, int | None]]) -> dict[str, dict[str, int]]:
+    """config.tokens: per task, the tokens its requests hold (scoring each alone would compute them) and the tokens
+    the actors computed, from (task, input tokens, computed tokens) per shard; tasks whose shards do not say (a
+    masked LM's) are left out."""
+    out: dict[str, dict[str, int]] = {}
+    known: dict[str, bool] = {}
+    for task, held, computed in shards:
+        counts = out.setdefault(task, {"in_requests": 0, "computed": 0})
+        known[task] = known.get(task, True) and held is not None and computed is not None
+        if known[task]:
+            counts["in_requests"] += held
+            counts["computed"] += computed
+    return {task: counts for task, counts in out.items() if known[task]}
+
+
 def run_summary(extra: dict[str, object], wall_s: float) -> str:
-    """The final line: what was scored here, what had to be retried, and what came from a checkpoint."""
+    """The final line: what was scored here, what had to be retried, what came from a checkpoint, and what share
+    of the requests' tokens the actors computed."""
+    tokens = extra.get("tokens") or {}
+    held = sum(t["in_requests"] for t in tokens.values())
+    computed = sum(t["computed"] for t in tokens.values())
+    share = f"{computed} of the requests' {held} tokens computed ({computed / held:.3f}), " if held else ""
     return (f"{extra['requests_scored']} requests scored in {extra['shards']} shards, "
             f"{extra['shards_retried']} retried, {extra['shards_resumed']} resumed from checkpoint, "
-            f"wall time {wall_s:.1f} s")
+            f"{share}wall time {wall_s:.1f} s")
 
 
 def prepare_output(out_dir: Path) -> None:

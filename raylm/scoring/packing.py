@@ -1,16 +1,15 @@
-"""Requests that share a token prefix -> one packed row: the prefix once, then each request's own tokens.
+"""Model rows and the masks they need: one request per row, or a piece of a token tree (raylm.scoring.tree) whose
+columns each see only their ancestors, so many requests sharing a prefix run it once.
 
-A HellaSwag document asks for the same context with four endings, and WinoGrande's two options share the start
-of the sentence. Scoring each request separately runs that shared prefix through the model once per request.
-Packed, the prefix is computed once and every branch attends to it through a block mask, with position ids that
-restart each branch where the prefix ends, so each branch sees exactly what it would see alone.
+A row's columns are laid out in trie preorder, so a column's descendants inside the row are the `spans[j]` columns
+starting at j: column i sees column j iff j <= i < j + spans[j]. That one rule covers a plain request (a chain: each
+column sees every earlier one), a document's endings after their shared context (the old two-level packing) and a
+whole subject's questions below a shared few-shot head, at any depth. Position ids are the tokens' true positions
+(their depth in the tree), so each request sees exactly what it would see alone; a row may also continue a cached
+path (a prefix already run into a KV cache), whose columns are all its ancestors.
 
-Only consecutive requests are grouped (a task emits a document's requests together), and only when the shared
-part is a real fraction of the request: two unrelated texts that both start with BOS gain nothing from packing
-and would pay for a longer attention span.
-
-The masks a packed batch needs (raylm.scoring.attention decides their layout per model) are built here too: every
-row of a batch that holds a packed row gets them, so a plain row next to a packed one keeps its sliding window.
+The masks a batch needs (raylm.scoring.attention decides their layout per model) are built here too: every row of a
+batch that holds a tree row gets them, so a plain row next to a tree row keeps its sliding window.
 """
 
 from __future__ import annotations
@@ -22,92 +21,49 @@ import torch
 
 from raylm.scoring.attention import ONE_TENSOR, MaskLayout
 
-# A request joins a group only if at least this fraction of its longest member's input is shared.
-SHARE_FRACTION = 1 / 8
-
-PREFIX = -1  # segment id of the shared prefix: visible to every branch
-PAD_SEGMENT = -2  # segment id of right padding: sees only padding, so no query row is fully masked
-
 
 @dataclass(frozen=True)
 class PackedRow:
-    """One model row. `segments` says which branch each column belongs to (PREFIX for the shared part);
-    `predict_cols[b]` are the columns whose outputs predict request `requests[b]`'s continuation tokens."""
+    """One model row. `spans[j]` counts column j and its descendants in this row (they follow it); `predicts` are
+    (column, request, target index): that column's output predicts that continuation token of that request."""
 
     tokens: list[int]
     positions: list[int]
-    segments: list[int]
-    requests: list[int]
-    predict_cols: list[list[int]]
+    spans: list[int]
+    predicts: list[tuple[int, int, int]]
+
+    @property
+    def requests(self) -> list[int]:
+        """The requests this row predicts tokens of, in order of first appearance."""
+        return list(dict.fromkeys(request for _, request, _ in self.predicts))
 
     @property
     def branched(self) -> bool:
-        return len(self.requests) > 1
+        """Whether the row is anything but one plain request from position 0 (the model's own mask would do)."""
+        n = len(self.tokens)
+        return self.positions[:1] != [0] or any(s != n - j for j, s in enumerate(self.spans))
 
 
-def common_prefix_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    n = min(len(a), len(b), limit)
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+def chain_row(tokens: Sequence[int], request: int, n_targets: int) -> PackedRow:
+    """A request alone: input index t predicts continuation token t - (n - n_targets)."""
+    n = len(tokens)
+    return PackedRow(list(tokens), list(range(n)), [n - j for j in range(n)],
+                     [(n - n_targets + t, request, t) for t in range(n_targets)])
 
 
-def plan_groups(inputs: Sequence[Sequence[int]], doc_ids: Sequence[int] | None, max_row_tokens: int,
-                max_members: int | None, share: bool = True) -> list[list[int]]:
-    """Consecutive request indices that will share a row, each group's packed length within max_row_tokens."""
-    groups: list[list[int]] = []
-    prefix = 0
-    for i, tokens in enumerate(inputs):
-        group = groups[-1] if groups else None
-        if share and group and (doc_ids is None or doc_ids[i] == doc_ids[group[0]]) \
-                and (max_members is None or len(group) < max_members):
-            shared = common_prefix_length(inputs[group[0]], tokens, prefix)
-            longest = max(len(tokens), *(len(inputs[j]) for j in group))
-            packed = sum(len(inputs[j]) for j in group) + len(tokens) - len(group) * shared
-            if shared >= max(1, longest * SHARE_FRACTION) and packed <= max_row_tokens:
-                group.append(i)
-                prefix = shared
-                continue
-        groups.append([i])
-        prefix = len(tokens)
-    return groups
-
-
-def pack(group: Sequence[int], inputs: Sequence[Sequence[int]], n_targets: Sequence[int]) -> PackedRow:
-    """Lay out one group: shared prefix columns, then each member's remaining tokens in order."""
-    first = inputs[group[0]]
-    shared = len(first)
-    for j in group[1:]:
-        shared = common_prefix_length(first, inputs[j], shared)
-    tokens = list(first[:shared])
-    positions = list(range(shared))
-    segments = [PREFIX] * shared
-    predict_cols: list[list[int]] = []
-    for branch, j in enumerate(group):
-        start = len(tokens)
-        own = inputs[j][shared:]
-        tokens.extend(own)
-        positions.extend(range(shared, shared + len(own)))
-        segments.extend([branch] * len(own))
-        n = len(inputs[j])
-        # Input index t lives at column t inside the prefix and at start + (t - shared) after it; a column in
-        # the prefix can predict the first continuation token of several branches (endings that start alike).
-        predict_cols.append([t if t < shared else start + t - shared for t in range(n - n_targets[j], n)])
-    return PackedRow(tokens, positions, segments, list(group), predict_cols)
-
-
-def visibility(segments: torch.Tensor, positions: torch.Tensor, window: int | None) -> torch.Tensor:
-    """[rows, q, k] bool: a column sees earlier columns of its own branch and of the shared prefix and, with a
-    sliding window, only keys whose position is less than `window` behind its own (q - k < window, as
-    transformers' sliding_window_overlay has it)."""
-    width = segments.shape[1]
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    same = segments[:, :, None] == segments[:, None, :]
-    visible = causal & (same | (segments[:, None, :] == PREFIX))
+def visibility(spans: torch.Tensor, positions: torch.Tensor, cached: int, window: int | None) -> torch.Tensor:
+    """[rows, q, cached + q] bool: every cached column (an ancestor of the whole row), then the row's own
+    ancestors-or-self; with a sliding window, only keys whose position is less than `window` behind the query's
+    (q - k < window, as transformers' sliding_window_overlay has it), cached keys included."""
+    width = spans.shape[1]
+    col = torch.arange(width)
+    own = (col[None, None, :] <= col[None, :, None]) & (col[None, :, None] < (col[None, :] + spans)[:, None, :])
     if window is not None:
-        visible &= (positions[:, :, None] - positions[:, None, :]) < window
-    return visible
+        own &= (positions[:, :, None] - positions[:, None, :]) < window
+    past = torch.ones(spans.shape[0], width, cached, dtype=torch.bool)
+    if window is not None and cached:
+        past &= (positions[:, :, None] - torch.arange(cached)[None, None, :]) < window
+    return torch.cat([past, own], dim=-1)
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -117,13 +73,14 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask[:, None]
 
 
-def branch_inputs(batch: Sequence[PackedRow], width: int, layout: MaskLayout, dtype: torch.dtype
+def branch_inputs(batch: Sequence[PackedRow], width: int, layout: MaskLayout, dtype: torch.dtype, cached: int = 0
                   ) -> dict[str, torch.Tensor | dict[str, torch.Tensor]]:
-    """Branch positions and the masks `layout` asks for: one 4D tensor, or a dict of them keyed by layer type."""
+    """True positions and the masks `layout` asks for (one 4D tensor, or a dict of them keyed by layer type), over
+    `cached` columns of a KV cache and then the batch's own. Right padding sees only itself."""
     positions = torch.zeros(len(batch), width, dtype=torch.long)
-    segments = torch.full((len(batch), width), PAD_SEGMENT, dtype=torch.long)
+    spans = torch.ones(len(batch), width, dtype=torch.long)
     for r, row in enumerate(batch):
         positions[r, :len(row.tokens)] = torch.tensor(row.positions)
-        segments[r, :len(row.tokens)] = torch.tensor(row.segments)
-    masks = {key: additive_mask(visibility(segments, positions, window), dtype) for key, window in layout}
-    return {"position_ids": positions, "attention_mask": masks[ONE_TENSOR] if ONE_TENSOR in masks else masks}
+        spans[r, :len(row.tokens)] = torch.tensor(row.spans)
+    masks = {key: additive_mask(visibility(spans, positions, cached, window), dtype) for key, window in layout}
+    return {"position_ids": positions, "attention_mask": masks.get(ONE_TENSOR, masks)}

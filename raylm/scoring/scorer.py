@@ -1,10 +1,11 @@
 """The scorer: plain torch, no Ray, so it can be called and tested in-process.
 
-Consecutive requests that share a token prefix (a document's endings) are packed into one row that runs the
-prefix once (raylm.scoring.packing), where the model's attention plan allows it (raylm.scoring.attention). Rows
-are sorted by length and packed into batches under a token budget with right padding. A batch holding a packed
-row gets branch positions and the plan's masks; any other batch gets no mask and no positions, so the model builds
-its own causal, sliding-window or ALiBi attention exactly as for one request. Only the hidden states that predict
+Where the model's attention plan allows it (raylm.scoring.attention), a call's requests are scored as one token
+tree (raylm.scoring.tree): every distinct prefix runs once, small subtrees as tree rows (raylm.scoring.packing),
+big ones below a path cached once in a KV cache. Rows with no cached path are sorted by length and packed into
+batches under a token budget with right padding. A batch holding a tree row or running over a cache gets true
+positions and the plan's masks; any other batch gets no mask and no positions, so the model builds its own causal,
+sliding-window or ALiBi attention exactly as for one request. Only the hidden states that predict
 continuation tokens reach the LM head: the vocabulary projection, as costly as the whole body for a GPT-2-sized
 model, is never paid for context positions. Token log-probs come from float32 logits whatever the model dtype,
 and are summed per request in float64.
@@ -18,12 +19,14 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from raylm.errors import RaylmError
 from raylm.models.devices import input_device
 from raylm.scoring.attention import AttentionPlan, attention_plan
 from raylm.scoring.batching import budget_batches, halving_on_oom
-from raylm.scoring.packing import PackedRow, branch_inputs, pack, plan_groups
+from raylm.scoring.packing import PackedRow, branch_inputs, chain_row
+from raylm.scoring.tree import Step, plan_tree
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,8 @@ log = logging.getLogger(__name__)
 CPU_ACTIVATION_BYTES = 12 * 2**20
 CPU_TOKEN_BUDGET_MIN, CPU_TOKEN_BUDGET_MAX = 256, 4096
 GPU_START_TOKEN_BUDGET = 65536
+# A tree row's masks are rows x width x (cached + width): a row wider than this is split below a cached path.
+ROW_TOKENS_MAX = 4096
 
 
 class HeadMisuse(RaylmError):
@@ -52,7 +57,9 @@ class Scorer:
         self.batch_size = batch_size
         self.share_prefixes = share_prefixes
         self.plan = plan or attention_plan(model)
-        self.packed_rows = 0  # rows holding more than one request, scored so far
+        self.packed_rows = 0  # rows holding several requests or continuing a cached path, scored so far
+        self.computed_tokens = 0  # token columns run through the model so far (padding excluded)
+        self._cache: DynamicCache | None = None  # the tree walk's cached path while a call runs
         self.device = input_device(model)  # where token ids go: the first layer's device
         if token_budget is None:
             token_budget = GPU_START_TOKEN_BUDGET if self.device.type == "cuda" else cpu_token_budget(model.config)
@@ -70,7 +77,7 @@ class Scorer:
         token_logprobs, also each request's continuation-token log-probs in order (float64 arrays), from the same
         forward pass.
 
-        With doc_ids, only requests of the same document share a prefix; without, any consecutive ones may.
+        Any requests may share a prefix (doc_ids are accepted for callers that have them; the tree needs none).
         """
         inputs, n_targets, targets = [], [], []
         for context, continuation in zip(contexts, continuations):
@@ -78,78 +85,117 @@ class Scorer:
             inputs.append(whole[:-1])
             targets.append(list(continuation))
             n_targets.append(len(continuation))
-        loglik = np.zeros(len(inputs), dtype=np.float64)
-        greedy = np.zeros(len(inputs), dtype=bool)
-        per_token: list[np.ndarray] | None = [np.zeros(0)] * len(inputs) if token_logprobs else None
+        per_token = [np.zeros(n, dtype=np.float64) for n in n_targets]
+        hits = [np.zeros(n, dtype=bool) for n in n_targets]
 
-        def batches(pending: list[int], budget: int) -> Iterator[tuple[list[PackedRow], list[int], bool]]:
-            rows = self._plan(pending, inputs, n_targets, doc_ids, budget)
-            for batch in budget_batches(rows, lambda r: len(r.tokens), budget, lambda r: len(r.requests),
-                                        self.batch_size):
-                yield batch, [i for row in batch for i in row.requests], len(batch) == 1 and not batch[0].branched
+        def batches(pending: list[int], budget: int) -> Iterator[tuple[Step, list[int], bool]]:
+            steps = self._plan(pending, inputs, n_targets, budget)
+            last: dict[int, int] = {}
+            for s, step in enumerate(steps):
+                for row in step.rows:
+                    last.update((request, s) for request in row.requests)
+            members: list[list[int]] = [[] for _ in steps]
+            for request, s in last.items():
+                members[s].append(request)
+            for step, done in zip(steps, members):
+                row = step.rows[0]
+                smallest = len(step.rows) == 1 and (len(row.tokens) <= 1 or not (row.branched or step.cached))
+                yield step, done, smallest
 
-        self.token_budget = halving_on_oom(list(range(len(inputs))), batches,
-                                           lambda batch: self._score_batch(batch, targets, loglik, greedy, per_token),
-                                           self.token_budget)
-        return (loglik, greedy) if per_token is None else (loglik, greedy, per_token)
+        try:
+            self.token_budget = halving_on_oom(list(range(len(inputs))), batches,
+                                               lambda step: self._score_step(step, targets, per_token, hits),
+                                               self.token_budget)
+        finally:
+            self._cache = None  # the walk's cached path, released with the shard
+        loglik = np.array([lp.sum() for lp in per_token], dtype=np.float64)
+        greedy = np.array([h.all() for h in hits], dtype=bool)
+        return (loglik, greedy, per_token) if token_logprobs else (loglik, greedy)
 
-    def _plan(self, pending: list[int], inputs: list[list[int]], n_targets: list[int],
-              doc_ids: Sequence[int] | None, token_budget: int) -> list[PackedRow]:
-        sub_inputs = [inputs[i] for i in pending]
-        sub_docs = [doc_ids[i] for i in pending] if doc_ids is not None else None
-        groups = plan_groups(sub_inputs, sub_docs, token_budget, self.batch_size,
-                             self.share_prefixes and self.plan.pack)
-        return [pack([pending[j] for j in g], inputs, n_targets) for g in groups]
+    def _plan(self, pending: list[int], inputs: list[list[int]], n_targets: list[int], token_budget: int
+              ) -> list[Step]:
+        """The forward passes for `pending`: a token tree (raylm.scoring.tree) where the plan packs, else one
+        request per row; rows with no cached path in token-budget batches first, then the walk's cached steps."""
+        if self.share_prefixes and self.plan.pack:
+            free, cached = plan_tree(pending, inputs, n_targets, min(token_budget, ROW_TOKENS_MAX), self.batch_size)
+        else:
+            free, cached = [chain_row(inputs[i], i, n_targets[i]) for i in pending], []
+        batched = budget_batches(free, lambda r: len(r.tokens), token_budget, lambda r: len(r.requests),
+                                 self.batch_size)
+        return [Step(batch) for batch in batched] + cached
 
     @torch.inference_mode()
-    def _score_batch(self, batch: list[PackedRow], targets: list[list[int]], loglik: np.ndarray,
-                     greedy: np.ndarray, per_token: list[np.ndarray] | None = None) -> None:
+    def _score_step(self, step: Step, targets: list[list[int]], per_token: list[np.ndarray],
+                    hits: list[np.ndarray]) -> None:
+        batch = step.rows
         width = max(len(row.tokens) for row in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         for r, row in enumerate(batch):
             ids[r, :len(row.tokens)] = torch.tensor(row.tokens)
-        kwargs = self._model_inputs(batch, width)
+        cache = self._cache_for(step)
+        kwargs = self._model_inputs(batch, width, step.cached, cache is not None)
+        if cache is not None:
+            kwargs["cache"] = cache
         columns: dict[int, int] = {}  # flat (row, column) -> index among the gathered hidden states
         picks, target_ids, owners = [], [], []
         for r, row in enumerate(batch):
-            for request, cols in zip(row.requests, row.predict_cols):
-                for col, target in zip(cols, targets[request]):
-                    picks.append(columns.setdefault(r * width + col, len(columns)))
-                    target_ids.append(target)
-                    owners.append(request)
-        flat = torch.tensor(list(columns), device=self.device)
+            for col, request, t in row.predicts:
+                picks.append(columns.setdefault(r * width + col, len(columns)))
+                target_ids.append(targets[request][t])
+                owners.append((request, t))
+        flat = torch.tensor(list(columns), dtype=torch.long, device=self.device)
         with gather_head_inputs(self._head, flat, len(batch), width):
-            logits = self.model(input_ids=ids.to(self.device), use_cache=False, **kwargs).logits
+            logits = self.model(input_ids=ids.to(self.device), use_cache=cache is not None, **kwargs).logits
+        if cache is not None and not step.keep:
+            _crop(cache, step.cached)
         if tuple(logits.shape[:2]) != (1, len(columns)):
             raise HeadMisuse(f"{type(self.model).__name__} returned logits of shape {tuple(logits.shape)} for "
                              f"{len(columns)} gathered positions: it does not return what its LM head computed, "
                              "so raylm cannot score it")
+        self.computed_tokens += sum(len(row.tokens) for row in batch)
+        self.packed_rows += sum(row.branched and len(row.requests) > 1 or step.cached > 0 for row in batch)
+        if not picks:
+            return
         logits = logits[0].float()
-        self.packed_rows += sum(row.branched for row in batch)
         picks_t = torch.tensor(picks, device=logits.device)  # the head's device, for a model spread over several
         target_t = torch.tensor(target_ids, device=logits.device)
         target_logit = logits[picks_t, target_t]
         log_normaliser, argmax = _log_normaliser_and_argmax(logits)
         token_lp = (target_logit - log_normaliser[picks_t]).double().cpu().numpy()
-        hits = (argmax[picks_t] == target_t).cpu().numpy()
-        owners_np = np.asarray(owners)
-        starts = np.flatnonzero(np.r_[True, owners_np[1:] != owners_np[:-1]])
-        loglik[owners_np[starts]] = np.add.reduceat(token_lp, starts)
-        greedy[owners_np[starts]] = np.logical_and.reduceat(hits, starts)
-        if per_token is not None:
-            for request, part in zip(owners_np[starts].tolist(), np.split(token_lp, starts[1:])):
-                per_token[request] = part
+        hit = (argmax[picks_t] == target_t).cpu().numpy()
+        for (request, t), lp, h in zip(owners, token_lp.tolist(), hit.tolist()):
+            per_token[request][t] = lp
+            hits[request][t] = h
 
-    def _model_inputs(self, batch: list[PackedRow], width: int) -> dict:
-        """Branch positions and the plan's masks for a batch holding a packed row (every row of it: a plain row
-        next to a packed one needs its sliding window too); nothing otherwise."""
-        if not any(row.branched for row in batch):
+    def _cache_for(self, step: Step) -> DynamicCache | None:
+        """The walk's cache cropped to the path `step` continues (a fresh one where a kept path starts at the root);
+        None for a step over no cached path that keeps nothing."""
+        if step.cached == 0:
+            # No config: every layer keeps every key, so a sliding window is the mask's to apply, and crop works.
+            self._cache = DynamicCache() if step.keep else None
+        elif self._cache is None or self._cache.get_seq_length() < step.cached:
+            raise RuntimeError(f"a step over {step.cached} cached tokens ran without them (steps out of walk order)")
+        else:
+            _crop(self._cache, step.cached)
+        return self._cache
+
+    def _model_inputs(self, batch: list[PackedRow], width: int, cached: int, over_cache: bool) -> dict:
+        """True positions and the plan's masks for a batch holding a tree row or running over a cache (every row
+        of it: a plain row next to a tree row needs its sliding window too); nothing otherwise."""
+        if not over_cache and not any(row.branched for row in batch):
             return {}
-        inputs = branch_inputs(batch, width, self.plan.masks, self._mask_dtype)
+        inputs = branch_inputs(batch, width, self.plan.masks, self._mask_dtype, cached)
         mask = inputs["attention_mask"]
         return {"position_ids": inputs["position_ids"].to(self.device),
                 "attention_mask": {k: m.to(self.device) for k, m in mask.items()} if isinstance(mask, dict)
                 else mask.to(self.device)}
+
+
+def _crop(cache: DynamicCache, length: int) -> None:
+    """Drop the cache's keys and values past `length` tokens (transformers' crop takes how many to remove)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
 
 
 @contextmanager

@@ -3,7 +3,7 @@
 The static rule (raylm.scoring.attention) knows the families tests/test_architectures.py proves; for anything
 else (remote code, an architecture added to transformers later) it can only guess the mask layout. Each actor
 therefore scores a synthetic probe that reaches past any window the config states, plus the first real requests
-it is given, both packed under the guessed layout and one request per row, and packs only if every request agrees
+it is given, both packed under the guessed layout (in tree rows, and over a cached prefix) and one request per row, and packs only if every request agrees
 within float tolerance. Any difference, or an exception while packed, means: score this model unpacked.
 """
 
@@ -82,28 +82,37 @@ def probe_requests(config, max_length: int, seed: int = 0) -> Requests:
 
 
 def packing_check(model: torch.nn.Module, max_length: int, plan: AttentionPlan, real: Requests) -> CheckResult:
-    """Score the probe and `real` requests packed under `plan`'s layout and alone; agree within tolerance or not."""
+    """Score the probe and `real` requests packed under `plan`'s layout and alone; agree within tolerance or not.
+
+    Packed twice: with the usual budget (a document's requests in one tree row) and with rows so short that the
+    shared contexts run into a KV cache first and the rows below attend to it (raylm.scoring.tree), so a window
+    that fails to reach across a cached prefix is caught as well."""
     candidate = plan.packed("start-up check")
     alone_plan = plan.unpacked("start-up check")
-    packed_scorer = Scorer(model, max_length, plan=candidate)
-    sets = [s for s in (probe_requests(model.config, max_length), real) if len(s[0])]
+    probe = probe_requests(model.config, max_length)
+    short_rows = max(16, len(probe[0][0]) // 4)
+    packed_scorers = [Scorer(model, max_length, plan=candidate),
+                      Scorer(model, max_length, plan=candidate, token_budget=short_rows)]
+    sets = [s for s in (probe, real) if len(s[0])]
     n_requests = sum(len(s[0]) for s in sets)
     diffs, tokens, magnitudes = [], [], []
     for contexts, continuations, doc_ids in sets:
         alone, _ = Scorer(model, max_length, plan=alone_plan).score(contexts, continuations, doc_ids)
-        try:
-            packed, _ = packed_scorer.score(contexts, continuations, doc_ids)
-        except Exception as e:  # noqa: BLE001 - any failure of packed scoring means: do not pack this model
-            error = f"{type(e).__name__}: {e}".splitlines()[0][:200]
-            return CheckResult(False, math.inf, n_requests, packed_scorer.packed_rows, error)
-        diffs.append(np.abs(packed - alone))
-        tokens.append(np.array([len(c) for c in continuations]))
-        magnitudes.append(np.abs(alone))
+        for packed_scorer in packed_scorers:
+            try:
+                packed, _ = packed_scorer.score(contexts, continuations, doc_ids)
+            except Exception as e:  # noqa: BLE001 - any failure of packed scoring means: do not pack this model
+                error = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+                return CheckResult(False, math.inf, n_requests, sum(p.packed_rows for p in packed_scorers), error)
+            diffs.append(np.abs(packed - alone))
+            tokens.append(np.array([len(c) for c in continuations]))
+            magnitudes.append(np.abs(alone))
     diff, n_tokens, magnitude = np.concatenate(diffs), np.concatenate(tokens), np.concatenate(magnitudes)
     dtype = getattr(model, "dtype", torch.float32)
     atol, rtol = ATOL_PER_TOKEN.get(dtype, ATOL_PER_TOKEN[torch.bfloat16]), RTOL.get(dtype, RTOL[torch.bfloat16])
-    agrees = bool(np.all(diff <= atol * n_tokens + rtol * magnitude)) and packed_scorer.packed_rows > 0
-    return CheckResult(agrees, float(diff.max()), len(diff), packed_scorer.packed_rows, None)
+    packed_rows = sum(p.packed_rows for p in packed_scorers)
+    agrees = bool(np.all(diff <= atol * n_tokens + rtol * magnitude)) and packed_rows > 0
+    return CheckResult(agrees, float(diff.max()), n_requests, packed_rows, None)
 
 
 def checked_plan(model: torch.nn.Module, max_length: int, plan: AttentionPlan, real: Requests) -> AttentionPlan:
