@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from raylm.scoring.batching import budget_batches
+from raylm.scoring.batching import budget_batches, halving_on_oom
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -33,3 +33,15 @@ def test_batches_cover_every_item_once_within_the_budget_longest_first(seed):
 
 def test_a_row_wider_than_the_budget_gets_a_batch_of_its_own():
     assert list(budget_batches([5, 500, 7], lambda w: w, 100)) == [[500], [7, 5]]
+
+
+def test_an_item_no_batch_holds_is_an_error_not_an_endless_retry():
+    """A planner that leaves an item out (a request with nothing to predict once did) must not loop for ever."""
+    scored = []
+
+    def batches(pending, budget):
+        yield [p for p in pending if p != 2], [p for p in pending if p != 2], False
+
+    with pytest.raises(RuntimeError, match=r"^1 items were in no batch \(first: 2\)$"):
+        halving_on_oom([0, 1, 2], batches, scored.append, 64)
+    assert scored == [[0, 1]]

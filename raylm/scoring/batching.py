@@ -58,5 +58,10 @@ def halving_on_oom(pending: list[T], batches: Callable[[list[T], int], Iterator[
             token_budget //= 2
             log.warning("out of GPU memory; halving the token budget to %d", token_budget)
             torch.cuda.empty_cache()
+        else:
+            # Every batch ran: an item none of them held would be retried for ever.
+            missed = [item for item in pending if item not in done]
+            if missed:
+                raise RuntimeError(f"{len(missed)} items were in no batch (first: {missed[0]!r})")
         pending = [item for item in pending if item not in done]
     return token_budget

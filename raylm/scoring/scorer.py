@@ -102,8 +102,11 @@ class Scorer:
                 smallest = len(step.rows) == 1 and (len(row.tokens) <= 1 or not (row.branched or step.cached))
                 yield step, done, smallest
 
+        # A request with no continuation tokens has nothing to predict (loglikelihood 0, greedy as lm-eval's
+        # all() of nothing): no row carries it, so it must not wait to be done.
+        predicting = [i for i, n in enumerate(n_targets) if n]
         try:
-            self.token_budget = halving_on_oom(list(range(len(inputs))), batches,
+            self.token_budget = halving_on_oom(predicting, batches,
                                                lambda step: self._score_step(step, targets, per_token, hits),
                                                self.token_budget)
         finally:
