@@ -126,7 +126,8 @@ def real_table(encoder) -> pa.Table:
         task = get_task(name)
         docs = task.load_docs(DATA)
         table = build_requests(task, [docs[i] for i in wanted], encoder)
-        doc_id = pa.array([offset * 100_000 + d for d in table["doc_id"].to_pylist()], table.schema.field("doc_id").type)
+        doc_id = pa.array([offset * 100_000 + d for d in table["doc_id"].to_pylist()],
+                          table.schema.field("doc_id").type)
         tables.append(table.set_column(table.schema.get_field_index("doc_id"), "doc_id", doc_id))
     return pa.concat_tables(tables)
 

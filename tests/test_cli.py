@@ -68,7 +68,8 @@ def test_bad_input_fails_with_one_line_and_no_results(tmp_path, tiny_gpt2, case)
         "unknown task": ["--model", str(tiny_gpt2), "--tasks", "hellaswag,nope", "--data-dir", str(DATA)],
         "missing data file": ["--model", str(tiny_gpt2), "--tasks", "hellaswag", "--data-dir", str(tmp_path)],
         "missing model": ["--model", str(tmp_path / "no-such-model"), "--data-dir", str(DATA)],
-        "row missing field": ["--model", str(tiny_gpt2), "--tasks", "hellaswag", "--data-dir", str(corrupt_copy(tmp_path))],
+        "row missing field": ["--model", str(tiny_gpt2), "--tasks", "hellaswag", "--data-dir",
+                              str(corrupt_copy(tmp_path))],
     }[case]
     expected = {
         "unknown task": "unknown task 'nope'",

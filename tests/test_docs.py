@@ -165,7 +165,8 @@ def runs_offline(args, argv: list[str]) -> bool:
     if args is None or args.command not in ("eval", "ppl", "contamination"):
         return False
     if args.command == "contamination":
-        return all((REPO / p).exists() for p in args.corpus) and (args.data_dir is None or (REPO / args.data_dir).exists())
+        data_dir = args.data_dir is None or (REPO / args.data_dir).exists()
+        return data_dir and all((REPO / p).exists() for p in args.corpus)
     model = args.model or ("demo" if getattr(args, "demo", False) else None)
     if model is None or (model != "demo" and not (looks_local(model) and (REPO / model).exists())):
         return False

@@ -91,7 +91,8 @@ def test_every_command_that_writes_stops_before_any_work(held, command, tmp_path
             "sweep": ["sweep", str(REPO / "jobs" / "demo.yaml")],
             "ppl": ["ppl", "--model", str(DEMO_MODEL), "--data", str(text)],
             "kl": ["kl", "--model", str(DEMO_MODEL), "--model-b", str(DEMO_MODEL), "--data", str(text)],
-            "probe": ["probe", "--model", str(DEMO_MODEL), "--probes", str(REPO / "docs" / "masked-lm" / "probes.yaml")],
+            "probe": ["probe", "--model", str(DEMO_MODEL), "--probes",
+                      str(REPO / "docs" / "masked-lm" / "probes.yaml")],
             }[command]
     assert main([*args, "--output", str(out)]) == 2
     errors = capsys.readouterr().err.strip().splitlines()

@@ -13,11 +13,15 @@ import fnmatch
 import glob
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.fs
 
 from raylm.errors import InputError
+
+if TYPE_CHECKING:
+    import ray.data
 
 FORMATS = ("auto", "parquet", "jsonl", "txt")
 DEFAULT_DOCS_PER_BATCH = 32

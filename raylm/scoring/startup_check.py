@@ -3,8 +3,9 @@
 The static rule (raylm.scoring.attention) knows the families tests/test_architectures.py proves; for anything
 else (remote code, an architecture added to transformers later) it can only guess the mask layout. Each actor
 therefore scores a synthetic probe that reaches past any window the config states, plus the first real requests
-it is given, both packed under the guessed layout (in tree rows, and over a cached prefix) and one request per row, and packs only if every request agrees
-within float tolerance. Any difference, or an exception while packed, means: score this model unpacked.
+it is given, both packed under the guessed layout (in tree rows, and over a cached prefix) and one request per
+row, and packs only if every request agrees within float tolerance. Any difference, or an exception while packed,
+means: score this model unpacked.
 """
 
 from __future__ import annotations

@@ -6,14 +6,15 @@ trie is built from the inputs sorted, so node ids come out in preorder and a nod
 [node, node + size): a row is then a few such ranges, and its mask follows from sizes alone (raylm.scoring.packing).
 
 The walk, per node: a child whose subtree fits one row (`row_tokens`, and the batch's request cap) becomes a row,
-joined by its siblings where the rows continue a cached path; a child too big has its path run once into a KV cache (a transformers DynamicCache, batch 1, built
-without a config so no layer keeps only a sliding window of it) and the walk goes below it, the rows there
-attending the cached path through a mask [1, 1, q, cached + q] with positions continuing from it. The cache holds
-only the path the walk is on: each step crops it to its own cached length first, so memory for cached prefixes is
-bounded by the longest input. Rows over a cache run one at a time, so the prefix is never repeated per row; rows
-with no cached path batch as before, and share a row only where they share SHARE_FRACTION of their length (the
-old packing's rule), so unrelated texts keep plain rows and the model's own causal kernel. A path shorter than `cache_min` is not worth a forward pass of its own (two
-documents that only share BOS): it is copied into each row below it instead, as the old two-level packing did.
+joined by its siblings where the rows continue a cached path; a child too big has its path run once into a KV cache
+(a transformers DynamicCache, batch 1, built without a config so no layer keeps only a sliding window of it) and
+the walk goes below it, the rows there attending the cached path through a mask [1, 1, q, cached + q] with
+positions continuing from it. The cache holds only the path the walk is on: each step crops it to its own cached
+length first, so memory for cached prefixes is bounded by the longest input. Rows over a cache run one at a time,
+so the prefix is never repeated per row; rows with no cached path batch as before, and share a row only where they
+share SHARE_FRACTION of their length (the old packing's rule), so unrelated texts keep plain rows and the model's
+own causal kernel. A path shorter than `cache_min` is not worth a forward pass of its own (two documents that only
+share BOS): it is copied into each row below it instead, as the old two-level packing did.
 """
 
 from __future__ import annotations
