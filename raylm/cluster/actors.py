@@ -21,6 +21,7 @@ import torch
 from raylm.cluster.devices import assigned_gpus, device_here
 from raylm.cluster.failures import DeferredStartup
 from raylm.cluster.scored import ScoredShard
+from raylm.errors import RaylmError
 from raylm.models.context import context_length
 from raylm.models.loading import load_config, load_model, resolve_scorer
 from raylm.models.spec import ModelSpec
@@ -28,7 +29,7 @@ from raylm.requests.masked import UNSCORED
 from raylm.requests.table import MASKED_COLUMNS
 from raylm.results.sums import shard_sums
 from raylm.scoring.mlm import MASKED_PREFIX_SHARING, MaskedScorer
-from raylm.scoring.scorer import Scorer
+from raylm.scoring.scorer import RequestDoesNotFit, Scorer
 from raylm.scoring.startup_check import REAL_REQUESTS, checked_plan
 
 
@@ -46,7 +47,12 @@ def score_shard(scorer: Scorer | MaskedScorer, kind: str, shard: pa.Table) -> Sc
         tokens: tuple[int | None, int | None] = (None, None)
     else:
         before = scorer.computed_tokens
-        loglik, greedy = scorer.score(contexts, continuations, shard["doc_id"].to_pylist())
+        try:
+            loglik, greedy = scorer.score(contexts, continuations, shard["doc_id"].to_pylist())
+        except RequestDoesNotFit as e:
+            raise RaylmError(f"document {shard['doc_id'][e.request].as_py()} (request "
+                             f"{shard['req_idx'][e.request].as_py()}, {len(contexts[e.request])} + "
+                             f"{len(continuations[e.request])} tokens): {e}") from e
         tokens = (sum(min(len(c) + len(k), scorer.max_length + 1) - 1 for c, k in zip(contexts, continuations)),
                   scorer.computed_tokens - before)
         scored_tokens = pc.list_value_length(shard["continuation"])

@@ -18,19 +18,23 @@ log = logging.getLogger(__name__)
 
 
 def budget_batches(items: Sequence[T], width: Callable[[T], int], token_budget: int,
-                   members: Callable[[T], int] = lambda _: 1, max_members: int | None = None) -> Iterator[list[T]]:
+                   members: Callable[[T], int] = lambda _: 1, max_members: int | None = None,
+                   weight: Callable[[T], int] = lambda _: 0, max_weight: int | None = None) -> Iterator[list[T]]:
     """Batches whose row count times widest row stays within token_budget (a single row may exceed it), and whose
-    summed `members` (requests packed into a row) stay within max_members when given."""
+    summed `members` (requests packed into a row) stay within max_members and summed `weight` (positions whose
+    logits the batch computes) within max_weight, when given."""
     batch: list[T] = []
-    widest = count = 0
+    widest = count = weighed = 0
     for item in sorted(items, key=lambda i: -width(i)):
         widest = max(widest, width(item))
-        full = max_members is not None and count + members(item) > max_members
+        full = (max_members is not None and count + members(item) > max_members) or (
+            max_weight is not None and weighed + weight(item) > max_weight)
         if batch and (full or (len(batch) + 1) * widest > token_budget):
             yield batch
-            batch, widest, count = [], width(item), 0
+            batch, widest, count, weighed = [], width(item), 0, 0
         batch.append(item)
         count += members(item)
+        weighed += weight(item)
     if batch:
         yield batch
 

@@ -38,6 +38,19 @@ CPU_TOKEN_BUDGET_MIN, CPU_TOKEN_BUDGET_MAX = 256, 4096
 GPU_START_TOKEN_BUDGET = 65536
 # A tree row's masks are rows x width x (cached + width): a row wider than this is split below a cached path.
 ROW_TOKENS_MAX = 4096
+# The logits of one forward pass (float32, and the model's own dtype before that) stay within this many bytes:
+# positions that predict x vocabulary is what grows without bound (a 15k-token rolling row on a 128k vocabulary
+# is 8 GB), so rows and batches are cut to it, and a long row runs in pieces over the KV cache of the ones before.
+LOGITS_BUDGET_BYTES = {"cpu": 2 * 2**30, "cuda": 8 * 2**30}
+
+
+class RequestDoesNotFit(RaylmError):
+    """One request predicts more positions than the logits budget holds and cannot be cut (its model is scored
+    unpacked, so no KV cache carries one piece into the next)."""
+
+    def __init__(self, request: int, message: str):
+        super().__init__(message)
+        self.request = request
 
 
 class HeadMisuse(RaylmError):
@@ -46,8 +59,10 @@ class HeadMisuse(RaylmError):
 
 class Scorer:
     def __init__(self, model: torch.nn.Module, max_length: int, batch_size: int | None = None,
-                 token_budget: int | None = None, share_prefixes: bool = True, plan: AttentionPlan | None = None):
+                 token_budget: int | None = None, share_prefixes: bool = True, plan: AttentionPlan | None = None,
+                 logits_budget: int | None = None):
         """batch_size caps requests per batch (`--batch-size N`); None means "auto": fill a token budget.
+        `logits_budget` (bytes; default LOGITS_BUDGET_BYTES for the device) bounds one forward pass's logits.
 
         `plan` defaults to the static rule for the model (raylm.scoring.attention.attention_plan); requests share
         rows only where both it and `share_prefixes` allow. It may be replaced later (a start-up check's verdict).
@@ -69,6 +84,8 @@ class Scorer:
             raise ValueError(f"{type(model).__name__} has no output embeddings (LM head) to score with")
         self._head = head
         self._mask_dtype = getattr(model, "dtype", torch.float32)
+        self.max_predicted = max_predicted_positions(model, head, logits_budget or LOGITS_BUDGET_BYTES.get(
+            self.device.type, LOGITS_BUDGET_BYTES["cuda"]))
 
     def score(self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
               doc_ids: Sequence[int] | None = None, token_logprobs: bool = False
@@ -120,11 +137,18 @@ class Scorer:
         """The forward passes for `pending`: a token tree (raylm.scoring.tree) where the plan packs, else one
         request per row; rows with no cached path in token-budget batches first, then the walk's cached steps."""
         if self.share_prefixes and self.plan.pack:
-            free, cached = plan_tree(pending, inputs, n_targets, min(token_budget, ROW_TOKENS_MAX), self.batch_size)
+            row_tokens = min(token_budget, ROW_TOKENS_MAX, self.max_predicted)
+            free, cached = plan_tree(pending, inputs, n_targets, row_tokens, self.batch_size)
         else:
+            for i in pending:
+                if n_targets[i] > self.max_predicted:
+                    raise RequestDoesNotFit(i, f"{n_targets[i]} predicted tokens need more logits memory than the "
+                                               f"budget holds ({self.max_predicted} positions) and this model is "
+                                               f"scored unpacked ({self.plan.prefix_sharing}), so they cannot be "
+                                               "cut: pass a smaller --max-length")
             free, cached = [chain_row(inputs[i], i, n_targets[i]) for i in pending], []
         batched = budget_batches(free, lambda r: len(r.tokens), token_budget, lambda r: len(r.requests),
-                                 self.batch_size)
+                                 self.batch_size, lambda r: len(r.predicts), self.max_predicted)
         return [Step(batch) for batch in batched] + cached
 
     @torch.inference_mode()
@@ -231,6 +255,14 @@ def gather_head_inputs(head: torch.nn.Module, flat: torch.Tensor, rows: int, wid
         raise HeadMisuse(f"the model's LM head ({type(head).__name__}) ran on inputs {seen}, not once on ({rows}, "
                          f"{width}): this model does not compute its logits through get_output_embeddings() once, so "
                          "raylm cannot score it")
+
+
+def max_predicted_positions(model: torch.nn.Module, head: torch.nn.Module, budget: int) -> int:
+    """How many positions' logits fit `budget` bytes: float32 logits, plus the model's own copy in its dtype."""
+    vocab = getattr(head, "out_features", None) or model.config.get_text_config().vocab_size
+    dtype = getattr(model, "dtype", torch.float32)
+    per_position = vocab * (4 + (0 if dtype == torch.float32 else torch.finfo(dtype).bits // 8))
+    return max(1, budget // per_position)
 
 
 def cpu_token_budget(config) -> int:

@@ -1,0 +1,63 @@
+"""The logits budget: a row whose predicting positions would not fit runs in pieces over the KV cache, equal to
+one pass and to the float64 reference; a request that cannot be cut is one line naming its document."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from reference import float64_copy, reference_score
+from transformers import AutoModelForCausalLM
+
+from raylm.cluster.actors import score_shard
+from raylm.errors import RaylmError
+from raylm.requests.table import SCHEMA
+from raylm.scoring.scorer import RequestDoesNotFit, Scorer
+
+POSITIONS = 16  # what the small budget holds
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama):
+    return AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+
+
+def budget(model) -> int:
+    return POSITIONS * model.config.vocab_size * 4
+
+
+def rolling_row(seed: int, n: int = 120) -> tuple[list[int], list[int]]:
+    """One token of context and every other position predicting, as a rolling window's row."""
+    tokens = np.random.default_rng(seed).integers(3, 500, n).tolist()
+    return tokens[:1], tokens[1:]
+
+
+def test_a_long_row_runs_in_pieces_within_the_budget_and_equals_one_pass(model):
+    contexts, continuations = zip(*(rolling_row(s) for s in range(3)))
+    widest: list[int] = []
+    hook = model.get_output_embeddings().register_forward_pre_hook(lambda _m, args: widest.append(args[0].shape[1]))
+    try:
+        small = Scorer(model, 127, logits_budget=budget(model))
+        pieces, pieces_greedy = small.score(contexts, continuations)
+    finally:
+        hook.remove()
+    whole, whole_greedy = Scorer(model, 127).score(contexts, continuations)
+    assert small.max_predicted == POSITIONS and max(widest) <= POSITIONS and len(widest) >= 3 * 119 / POSITIONS
+    np.testing.assert_allclose(pieces, whole, rtol=1e-6)
+    assert np.array_equal(pieces_greedy, whole_greedy)
+    model64 = float64_copy(model)
+    reference = [reference_score(model64, list(c), list(k), 127)[0] for c, k in zip(contexts, continuations)]
+    np.testing.assert_allclose(pieces, reference, rtol=1e-5)
+
+
+def test_a_request_an_unpacked_model_cannot_cut_is_one_line_naming_its_document(model):
+    context, continuation = rolling_row(0)
+    scorer = Scorer(model, 127, share_prefixes=False, logits_budget=budget(model))
+    with pytest.raises(RequestDoesNotFit, match=r"^119 predicted tokens need more logits memory than the budget "
+                                                r"holds \(16 positions\) .* pass a smaller --max-length$"):
+        scorer.score([context], [continuation])
+    shard = pa.table({"doc_id": [7], "req_idx": [0], "context": [context], "continuation": [continuation],
+                      "gold": [0], "norm_len": [0], "words": [0], "bytes": [0]}, schema=SCHEMA)
+    with pytest.raises(RaylmError, match=r"^document 7 \(request 0, 1 \+ 119 tokens\): 119 predicted tokens"):
+        score_shard(scorer, "rolling", shard)
