@@ -23,8 +23,11 @@ from common import print_table  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Run with cwd=source, since `python -c` puts the working directory first on sys.path.
 SCORE = """
 import json, resource, sys, time
+import raylm
+assert raylm.__file__.startswith(sys.argv[3]), raylm.__file__
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from raylm.scoring.scorer import Scorer
@@ -45,8 +48,8 @@ print(json.dumps({"loglik": float(loglik[0]), "wall_s": time.perf_counter() - st
 
 
 def run(source: Path, tokens: int, vocab: int) -> dict:
-    proc = subprocess.run([sys.executable, "-c", SCORE, str(tokens), str(vocab)], capture_output=True, text=True,
-                          env={"PYTHONPATH": str(source), "PATH": "/usr/bin:/bin"}, check=False)
+    proc = subprocess.run([sys.executable, "-c", SCORE, str(tokens), str(vocab), str(source)], capture_output=True, text=True,
+                          cwd=source, env={"PYTHONPATH": str(source), "PATH": "/usr/bin:/bin"}, check=False)
     if proc.returncode != 0:
         sys.exit(f"scoring with {source} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
