@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from raylm.requests.order import common_prefix_length
 from raylm.scoring.packing import PackedRow
 
 CACHE_MIN_TOKENS = 32  # a shared path at least this long is cached once rather than copied into each row below it
@@ -92,14 +93,6 @@ def build_trie(requests: Sequence[int], inputs: Sequence[Sequence[int]], n_targe
             trie.requests[parent] += trie.requests[node]
             trie.height[parent] = max(trie.height[parent], trie.height[node])
     return trie
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 class _Walk:
