@@ -116,10 +116,10 @@ def check_hellaswag(args) -> None:
     tokens = np.array([len(k) for k in continuations])
 
     def timed(scorer: Scorer) -> tuple[np.ndarray, float]:
-        scorer.score(contexts[:64], continuations[:64], doc_ids[:64])  # warm-up, and the first OOM probe
+        scorer.score(contexts[:64], continuations[:64])  # warm-up, and the first OOM probe
         sync(args.device)
         start = time.perf_counter()
-        loglik, _ = scorer.score(contexts, continuations, doc_ids)
+        loglik, _ = scorer.score(contexts, continuations)
         sync(args.device)
         return loglik, time.perf_counter() - start
 

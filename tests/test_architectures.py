@@ -107,7 +107,7 @@ class Zoo:
     def reference(self, family: str) -> np.ndarray:
         if family not in self._refs:
             model64 = self.model64(family)
-            contexts, continuations, _ = self.requests
+            contexts, continuations = self.requests
             self._refs[family] = np.array([reference_score(model64, c, k, MAX_LENGTH)[0]
                                            for c, k in zip(contexts, continuations)])
         return self._refs[family]
@@ -134,9 +134,8 @@ def real_table(encoder) -> pa.Table:
 
 @pytest.fixture(scope="module")
 def real(real_table):
-    """(contexts, continuations, doc_ids) of the real requests."""
-    return (real_table["context"].to_pylist(), real_table["continuation"].to_pylist(),
-            real_table["doc_id"].to_pylist())
+    """(contexts, continuations) of the real requests."""
+    return real_table["context"].to_pylist(), real_table["continuation"].to_pylist()
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +243,7 @@ def test_at_bfloat16_the_startup_check_passes_the_right_layout_and_fails_every_w
     for the right layout, still tight enough that each wrong one is refused (its margin is in startup_check.py)."""
     model = copy.deepcopy(zoo.model(family)).to(torch.bfloat16)
     plan = replace(attention_plan(model), needs_check=True)
-    first = (real[0][:8], real[1][:8], real[2][:8])
+    first = (real[0][:8], real[1][:8])
     right = packing_check(model, MAX_LENGTH, plan, first)
     assert right.agrees, right.verdict()
     for label, masks in wrong_layouts(plan).items():
@@ -257,7 +256,7 @@ def test_at_bfloat16_a_trained_model_passes_the_startup_check(real):
     """stories260K (real logits, up to 21) passes the check it would get if its class were unproven."""
     model = load_model(ModelSpec(str(STORIES), dtype="bfloat16", device="cpu"))
     result = packing_check(model, MAX_LENGTH, replace(attention_plan(model), needs_check=True),
-                           (real[0][:8], real[1][:8], real[2][:8]))
+                           (real[0][:8], real[1][:8]))
     assert result.agrees and result.packed_rows > 0, result.verdict()
 
 
@@ -266,9 +265,9 @@ def test_negative_controls_packing_an_alibi_family_is_wrong(zoo, real, family):
     """Why ALiBi families are unpacked: forced packing raises or scores garbage, and the start-up check says so."""
     model = zoo.model(family)
     forced = replace(attention_plan(model), needs_check=True)
-    result = packing_check(model, MAX_LENGTH, forced, (real[0][:8], real[1][:8], real[2][:8]))
+    result = packing_check(model, MAX_LENGTH, forced, (real[0][:8], real[1][:8]))
     assert not result.agrees and (result.error is not None or result.max_abs > WRONG)
-    assert checked_plan(model, MAX_LENGTH, forced, (real[0][:8], real[1][:8], real[2][:8])).pack is False
+    assert checked_plan(model, MAX_LENGTH, forced, (real[0][:8], real[1][:8])).pack is False
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -276,7 +275,7 @@ def test_startup_check_verdict_per_family(zoo, real, family, record_property):
     """The start-up check run on each family's own candidate layout agrees exactly where the rule packs."""
     model = zoo.model(family)
     candidate = replace(attention_plan(model), needs_check=True)
-    result = packing_check(model, MAX_LENGTH, candidate, (real[0][:8], real[1][:8], real[2][:8]))
+    result = packing_check(model, MAX_LENGTH, candidate, (real[0][:8], real[1][:8]))
     record_property("startup_check", result.verdict())
     assert result.agrees == EXPECTED[family][1], result.verdict()
     assert result.packed_rows > 0 or result.error is not None
@@ -286,7 +285,7 @@ def test_startup_check_verdict_per_family(zoo, real, family, record_property):
 def test_kl_scorer_matches_float64_reference(zoo, real, family, record_property):
     p, q = zoo.model(family, 0), zoo.model(family, 1)
     p64, q64 = zoo.model64(family, 0), zoo.model64(family, 1)
-    contexts, continuations, _ = real
+    contexts, continuations = real
     expected = np.array([reference_kl(p64, q64, c, k, MAX_LENGTH)[:3] for c, k in zip(contexts, continuations)])
     scores = KLScorer(p, q, MAX_LENGTH).score(contexts, continuations)
     got = np.stack([scores.kl, scores.nll_p, scores.nll_q], axis=1)
@@ -357,7 +356,7 @@ def test_head_guard_fails_loudly_on_a_model_that_does_not_call_its_head_once(zoo
     base = zoo.model("llama")
     scorer = Scorer(wrapper(base), MAX_LENGTH, share_prefixes=share, plan=attention_plan(base))
     with pytest.raises(HeadMisuse, match="cannot score it"):
-        scorer.score(real[0][:8], real[1][:8], real[2][:8])
+        scorer.score(real[0][:8], real[1][:8])
 
 
 def remote_class(base: type, name: str, body: dict | None = None) -> type:
@@ -385,7 +384,7 @@ def test_startup_check_packs_an_unproven_model_only_once_it_agrees(zoo, real, fa
     unchecked = Scorer(model, MAX_LENGTH)
     score(unchecked, real)
     assert unchecked.packed_rows == 0  # unproven and unchecked: scored unpacked
-    checked = checked_plan(model, MAX_LENGTH, plan, (real[0][:8], real[1][:8], real[2][:8]))
+    checked = checked_plan(model, MAX_LENGTH, plan, (real[0][:8], real[1][:8]))
     assert checked.pack and checked.prefix_sharing.startswith("packed (start-up check: max |Δ|")
     assert checked.masks == EXPECTED[family][2]
     scorer = Scorer(model, MAX_LENGTH, plan=checked)
@@ -398,7 +397,7 @@ def test_startup_check_packs_an_unproven_model_only_once_it_agrees(zoo, real, fa
 def test_startup_check_refuses_a_wrong_layout(zoo, real, family, wrong):
     model = remote_model(zoo, family)
     plan = replace(attention_plan(model), masks=wrong)
-    checked = checked_plan(model, MAX_LENGTH, plan, (real[0][:8], real[1][:8], real[2][:8]))
+    checked = checked_plan(model, MAX_LENGTH, plan, (real[0][:8], real[1][:8]))
     assert not checked.pack and checked.prefix_sharing.startswith("unpacked (start-up check: max |Δ|")
 
 

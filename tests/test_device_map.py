@@ -79,12 +79,11 @@ def real(family):
     encoder = Encoder(AutoTokenizer.from_pretrained(STORIES), fam.CONTEXT)
     tables, _ = build_task_requests(EvalConfig(ModelSpec(str(family["llama"])), ("hellaswag", "winogrande"), DATA,
                                                limit=6), encoder)
-    out = [[], [], []]
-    for offset, (_, table) in enumerate(tables.values()):
-        out[0] += table["context"].to_pylist()
-        out[1] += table["continuation"].to_pylist()
-        out[2] += [offset * 100_000 + d for d in table["doc_id"].to_pylist()]
-    return tuple(out)
+    contexts, continuations = [], []
+    for _, table in tables.values():
+        contexts += table["context"].to_pylist()
+        continuations += table["continuation"].to_pylist()
+    return contexts, continuations
 
 
 def dispatched(path, tmp_path, cpu_share: float):
@@ -105,15 +104,15 @@ def test_scoring_through_a_model_dispatched_over_cpu_and_disk_equals_the_model_o
     spread = dispatched(family[name], tmp_path, cpu_share=0.9)
     assert set(spread.hf_device_map.values()) == {"cpu", "disk"}, spread.hf_device_map
     assert spread.hf_device_map["lm_head"] == {"llama": "disk", "gpt2": "cpu"}[name]
-    contexts, continuations, docs = real
-    expected, expected_greedy = Scorer(whole, fam.CONTEXT).score(contexts, continuations, docs)
+    contexts, continuations = real
+    expected, expected_greedy = Scorer(whole, fam.CONTEXT).score(contexts, continuations)
     scorer = Scorer(spread, fam.CONTEXT)
     assert scorer.device == torch.device("cpu")
-    got, greedy = scorer.score(contexts, continuations, docs)
+    got, greedy = scorer.score(contexts, continuations)
     assert scorer.packed_rows > 0  # prefix packing runs through the dispatched model too
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-5)
     assert np.array_equal(greedy, expected_greedy)
-    alone, _ = Scorer(spread, fam.CONTEXT, share_prefixes=False).score(contexts, continuations, docs)
+    alone, _ = Scorer(spread, fam.CONTEXT, share_prefixes=False).score(contexts, continuations)
     np.testing.assert_allclose(alone, expected, rtol=1e-6, atol=1e-5)
 
 
@@ -126,7 +125,7 @@ def test_kl_through_a_dispatched_model_equals_kl_on_one_device(family, real, tmp
     with torch.no_grad():
         for w in other.parameters():
             w.add_(0.05 * torch.randn_like(w))
-    contexts, continuations, _ = real
+    contexts, continuations = real
     expected = KLScorer(whole, other, fam.CONTEXT).score(contexts, continuations)
     got = KLScorer(spread, other, fam.CONTEXT).score(contexts, continuations)
     np.testing.assert_allclose(got.kl, expected.kl, rtol=1e-5, atol=1e-6)

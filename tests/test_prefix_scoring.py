@@ -79,8 +79,8 @@ def test_trie_nodes_are_in_preorder_with_subtree_sizes():
 def test_shared_prefix_matches_separate_scoring_and_reference_on_random_inputs(request, fixture):
     model = AutoModelForCausalLM.from_pretrained(request.getfixturevalue(fixture))
     max_length = model.config.max_position_embeddings if fixture == "tiny_llama" else model.config.n_positions
-    contexts, continuations, doc_ids = grouped_requests(model.config.vocab_size, max_length, 14, seed=3)
-    shared = Scorer(model, max_length, token_budget=900).score(contexts, continuations, doc_ids)
+    contexts, continuations, _ = grouped_requests(model.config.vocab_size, max_length, 14, seed=3)
+    shared = Scorer(model, max_length, token_budget=900).score(contexts, continuations)
     alone = Scorer(model, max_length, share_prefixes=False).score(contexts, continuations)
     np.testing.assert_allclose(shared[0], alone[0], rtol=0, atol=1e-5)
     assert (shared[1] == alone[1]).all()
@@ -98,7 +98,7 @@ def test_shared_prefix_matches_reference_on_real_rows(request, model_dir):
     model64 = float64_copy(model)
     for _, table in tables.values():
         contexts, continuations = table["context"].to_pylist(), table["continuation"].to_pylist()
-        loglik, greedy = Scorer(model, encoder.max_length).score(contexts, continuations, table["doc_id"].to_pylist())
+        loglik, greedy = Scorer(model, encoder.max_length).score(contexts, continuations)
         for i, (c, k) in enumerate(zip(contexts, continuations)):
             ref, ref_greedy = reference_score(model64, c, k, encoder.max_length)
             assert loglik[i] == pytest.approx(ref, rel=1e-6, abs=1e-5)
@@ -144,7 +144,7 @@ def test_hellaswag_prefix_runs_once_and_head_sees_only_continuation_positions(ti
     scorer = Scorer(counting, encoder.max_length, plan=attention_plan(model))
     for doc in sorted(set(doc_ids)):  # one document per call: one row, so no padding is counted
         mine = [i for i, d in enumerate(doc_ids) if d == doc]
-        scorer.score([contexts[i] for i in mine], [continuations[i] for i in mine], [doc] * len(mine))
+        scorer.score([contexts[i] for i in mine], [continuations[i] for i in mine])
     assert counting.tokens == tokens
     assert counting.head_rows == head_rows < sum(len(k) for k in continuations) + 1
     assert tokens < sum(len(c) + len(k) - 1 for c, k in zip(contexts, continuations))

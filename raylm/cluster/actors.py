@@ -46,15 +46,14 @@ def score_shard(scorer: Scorer | MaskedScorer, kind: str, shard: pa.Table) -> Sc
         scored = shard.drop_columns(["context", "continuation", *MASKED_COLUMNS])
         tokens: tuple[int | None, int | None] = (None, None)
     else:
-        before = scorer.computed_tokens
+        held, computed = scorer.held_tokens, scorer.computed_tokens
         try:
-            loglik, greedy = scorer.score(contexts, continuations, shard["doc_id"].to_pylist())
+            loglik, greedy = scorer.score(contexts, continuations)
         except RequestDoesNotFit as e:
             raise RaylmError(f"document {shard['doc_id'][e.request].as_py()} (request "
                              f"{shard['req_idx'][e.request].as_py()}, {len(contexts[e.request])} + "
                              f"{len(continuations[e.request])} tokens): {e}") from e
-        tokens = (sum(min(len(c) + len(k), scorer.max_length + 1) - 1 for c, k in zip(contexts, continuations)),
-                  scorer.computed_tokens - before)
+        tokens = (scorer.held_tokens - held, scorer.computed_tokens - computed)
         scored_tokens = pc.list_value_length(shard["continuation"])
         scored = shard.drop_columns(["context", "continuation"])
     for name, column in (("loglikelihood", pa.array(loglik, pa.float64())), ("is_greedy", pa.array(greedy)),
@@ -104,7 +103,7 @@ class ScoringActor(DeferredStartup):
         self.check_started()
         if isinstance(self.scorer, Scorer) and self.scorer.plan.needs_check:
             head = shard.slice(0, REAL_REQUESTS)
-            real = (head["context"].to_pylist(), head["continuation"].to_pylist(), head["doc_id"].to_pylist())
+            real = (head["context"].to_pylist(), head["continuation"].to_pylist())
             self.scorer.plan = checked_plan(self.scorer.model, self.scorer.max_length, self.scorer.plan, real)
         return score_shard(self.scorer, kind, shard)
 

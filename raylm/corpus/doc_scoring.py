@@ -94,7 +94,7 @@ class DocPerplexity(DeferredStartup):
         self.check_started()
         docs = window_documents(batch, self.encoder, self.stride)
         if self.scorer.plan.needs_check:
-            real = (docs.contexts[:REAL_REQUESTS], docs.continuations[:REAL_REQUESTS], None)
+            real = (docs.contexts[:REAL_REQUESTS], docs.continuations[:REAL_REQUESTS])
             self.scorer.plan = checked_plan(self.scorer.model, self.scorer.max_length, self.scorer.plan, real)
         loglik, _ = self.scorer.score(docs.contexts, docs.continuations)
         nll = [-x for x in docs.per_doc(loglik)]

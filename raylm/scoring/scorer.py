@@ -74,6 +74,7 @@ class Scorer:
         self.plan = plan or attention_plan(model)
         self.packed_rows = 0  # rows holding several requests or continuing a cached path, scored so far
         self.computed_tokens = 0  # token columns run through the model so far (padding excluded)
+        self.held_tokens = 0  # input tokens of the requests scored so far, as truncated to max_length
         self._cache: DynamicCache | None = None  # the tree walk's cached path while a call runs
         self.device = input_device(model)  # where token ids go: the first layer's device
         if token_budget is None:
@@ -88,13 +89,13 @@ class Scorer:
             self.device.type, LOGITS_BUDGET_BYTES["cuda"]))
 
     def score(self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
-              doc_ids: Sequence[int] | None = None, token_logprobs: bool = False
+              *, token_logprobs: bool = False
               ) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
         """Loglikelihood (float64) and is-greedy for each (context, continuation) request, in input order; with
         token_logprobs, also each request's continuation-token log-probs in order (float64 arrays), from the same
         forward pass.
 
-        Any requests may share a prefix (doc_ids are accepted for callers that have them; the tree needs none).
+        Any requests may share a prefix: the tree finds what they share, whatever documents they come from.
         """
         inputs, n_targets, targets = [], [], []
         for context, continuation in zip(contexts, continuations):
@@ -102,6 +103,7 @@ class Scorer:
             inputs.append(whole[:-1])
             targets.append(list(continuation))
             n_targets.append(len(continuation))
+        self.held_tokens += sum(len(x) for x in inputs)
         per_token = [np.zeros(n, dtype=np.float64) for n in n_targets]
         hits = [np.zeros(n, dtype=bool) for n in n_targets]
 

@@ -33,7 +33,7 @@ ATOL_PER_TOKEN = {torch.float64: 1e-8, torch.float32: 1e-4, torch.bfloat16: 2e-2
 RTOL = {torch.float64: 1e-5, torch.float32: 1e-5, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 REAL_REQUESTS = 8  # the first requests of an actor's first shard or batch that join the probe
 
-Requests = tuple[Sequence[Sequence[int]], Sequence[Sequence[int]], "Sequence[int] | None"]
+Requests = tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]]  # contexts and continuations
 
 
 @dataclass(frozen=True)
@@ -73,13 +73,11 @@ def probe_requests(config, max_length: int, seed: int = 0) -> Requests:
     first = int(rnd.integers(3, vocab))
     contexts = [context] * 3
     continuations = [[first, *rnd.integers(3, vocab, 5).tolist()], [first], rnd.integers(3, vocab, 9).tolist()]
-    doc_ids = [0, 0, 0]
     shared_end = rnd.integers(3, vocab, 6).tolist()
     for option in (rnd.integers(3, vocab, 2).tolist(), rnd.integers(3, vocab, 4).tolist()):
         contexts.append(context[: max(1, length - 8)] + option)
         continuations.append(shared_end)
-        doc_ids.append(1)
-    return contexts, continuations, doc_ids
+    return contexts, continuations
 
 
 def packing_check(model: torch.nn.Module, max_length: int, plan: AttentionPlan, real: Requests) -> CheckResult:
@@ -97,11 +95,11 @@ def packing_check(model: torch.nn.Module, max_length: int, plan: AttentionPlan, 
     sets = [s for s in (probe, real) if len(s[0])]
     n_requests = sum(len(s[0]) for s in sets)
     diffs, tokens, magnitudes = [], [], []
-    for contexts, continuations, doc_ids in sets:
-        alone, _ = Scorer(model, max_length, plan=alone_plan).score(contexts, continuations, doc_ids)
+    for contexts, continuations in sets:
+        alone, _ = Scorer(model, max_length, plan=alone_plan).score(contexts, continuations)
         for packed_scorer in packed_scorers:
             try:
-                packed, _ = packed_scorer.score(contexts, continuations, doc_ids)
+                packed, _ = packed_scorer.score(contexts, continuations)
             except Exception as e:  # noqa: BLE001 - any failure of packed scoring means: do not pack this model
                 error = f"{type(e).__name__}: {e}".splitlines()[0][:200]
                 return CheckResult(False, math.inf, n_requests, sum(p.packed_rows for p in packed_scorers), error)
