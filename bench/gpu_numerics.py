@@ -223,7 +223,7 @@ def check_load(args) -> None:
               f"grew by at most {(rss.peak - rss.start) / GIB:.2f} GiB while loading")
         tokenizer = load_tokenizer(spec)
         docs, table = hellaswag_requests(args.data, args.docs or 200, tokenizer, 512 if args.tiny else 2048)
-        requests = (table["context"].to_pylist(), table["continuation"].to_pylist(), table["doc_id"].to_pylist())
+        requests = (table["context"].to_pylist(), table["continuation"].to_pylist())
         one, one_s = _timed_score(model, requests, args.device)
         del model
         gc.collect()
