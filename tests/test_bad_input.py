@@ -55,6 +55,8 @@ def no_bos_eos_model(tiny_llama, tmp_path_factory):
 
 # case -> (task, files to write {relative path: rows or bytes}, extra CLI args, expected text in the error)
 CASES = {
+    "unknown task": ("hellaswag,nope", {HS_FILE: [HS]}, [], "unknown task 'nope'"),
+    "missing data file": ("hellaswag", {}, [], f"{HS_FILE}: data file not found"),
     "empty data file": ("hellaswag", {HS_FILE: ["\n"]}, [], f"{HS_FILE}: data file is empty"),
     "malformed JSON line": ("hellaswag", {HS_FILE: [HS, "{oops\n"]}, [], f"{HS_FILE}: row 2: malformed JSON"),
     "row missing a field": ("hellaswag", {HS_FILE: [{k: v for k, v in HS.items() if k != "ctx_b"}]}, [],
