@@ -21,6 +21,7 @@ from raylm.cluster.runtime import (
     LaunchedActors,
     connect,
     gcs_address,
+    import_actor_code,
     loaded_as,
     local_cpus_needed,
     plan_actors,
@@ -293,6 +294,7 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
         scan = CleanSets(read_scan(cfg.decontaminate), cfg.decontaminate)
         scan.require_tasks([*docs, *(selection.leaves if selection is not None else [])])
     ray_started = _RayStarted(actors is not None)
+    import_actor_code()  # before the tokenising thread starts (see there)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="raylm-tokenise") as tokenising:
         # Tokenising (and building lm-eval's requests) on a thread while Ray starts and the actors load their
         # models: on a small machine these fixed costs are most of a short run's wall time, and they do not

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from raylm.cluster import checkpoint as checkpoint_module
-from raylm.cluster.checkpoint import CHECKPOINT_DIR, MANIFEST, Checkpoint, scored_with
+from raylm.cluster.checkpoint import CHECKPOINT_DIR, MANIFEST, RAYLM_ROOT, Checkpoint, scored_with, source_digest
 from raylm.config import EvalConfig
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.evaluate import run_fingerprint
@@ -128,3 +131,56 @@ def test_a_library_upgrade_is_a_different_run(monkeypatch, tmp_path):
     assert after["versions"]["transformers"] == "99.0"
     with pytest.raises(RaylmError, match=r"differs in: versions\)"):
         Checkpoint.open(tmp_path, after, overwrite=False)
+
+
+SCALE_MODULE = '''"""Scales a score."""
+
+SCALE = 2.0  # measured
+
+
+class Scaler:
+    """Holds nothing."""
+
+    def scale(self, x: float) -> float:
+        """x, scaled."""
+        return x * SCALE
+'''
+SAME_CODE = {
+    "a comment edited and added": SCALE_MODULE.replace("# measured", "# measured twice").replace(
+        "        return", "        # why this scale\n        return"),
+    "docstrings edited": SCALE_MODULE.replace("Scales a score.", "Scales a score;\nsee the docs.").replace(
+        "Holds nothing.", "Holds no state.").replace("x, scaled.", "The score x times SCALE."),
+}
+OTHER_CODE = {
+    "a constant": SCALE_MODULE.replace("2.0", "2.5"),
+    "an expression": SCALE_MODULE.replace("x * SCALE", "x / SCALE"),
+}
+
+
+def source_tree(root, **modules: str):
+    for name, text in {"__init__.py": "", **modules}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize("edit", [*SAME_CODE, *OTHER_CODE, "a new module"])
+def test_checkpoints_survive_comment_and_docstring_edits_and_no_code_change(tmp_path, edit):
+    """A fix to a comment or docstring must not throw away a week of checkpoints (a sweep would supersede and rerun
+    every finished point); a change to what the code computes must."""
+    before = source_digest(source_tree(tmp_path / "before", **{"scoring/scale.py": SCALE_MODULE}))
+    modules = {"scoring/scale.py": SAME_CODE.get(edit) or OTHER_CODE.get(edit) or SCALE_MODULE}
+    if edit == "a new module":
+        modules["scoring/offset.py"] = "OFFSET = 0\n"
+    after = source_digest(source_tree(tmp_path / "after", **modules))
+    assert (after == before) == (edit in SAME_CODE)
+
+
+def test_source_digest_is_the_same_in_every_process():
+    """The driver of a rerun is another process, hashing strings with another seed, and must find the same
+    fingerprint."""
+    seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
+    code = "from raylm.cluster.checkpoint import source_digest; print(source_digest())"
+    child = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed},
+                           capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == source_digest(RAYLM_ROOT)

@@ -5,13 +5,17 @@ the actor count; a rerun of the same command reloads finished shards and scores 
 fingerprints everything that decides a shard's requests or their scores (model commit or weight contents, tasks,
 the request tables themselves, few-shot settings, limit, seeds, include path, shard size, the versions of torch,
 transformers and lm-eval, raylm's code), every shard file records the device and dtype its actor scored with, and
-results of a different run are never mixed in. Shards are laid out in token order (raylm.requests.order), a
-function of the request tables, the shard size and raylm's code, all three fingerprinted, so a resumed run cuts
-the same shards; each shard file also keeps the tokens its actor computed, for config.tokens.
+results of a different run are never mixed in. raylm's code is fingerprinted as its syntax trees without comments
+and docstrings (source_digest), so a fix to either resumes a run, and a sweep keeps its finished points, rather
+than scoring everything again. Shards are laid out in token order (raylm.requests.order), a function of the
+request tables, the shard size and raylm's code, all three fingerprinted, so a resumed run cuts the same shards;
+each shard file also keeps the tokens its actor computed, for config.tokens.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import io
 import json
@@ -49,6 +53,7 @@ _DTYPE_KEY = b"raylm.dtype"
 _INPUT_TOKENS_KEY = b"raylm.input_tokens"
 _COMPUTED_TOKENS_KEY = b"raylm.computed_tokens"
 SCORING_LIBRARIES = ("torch", "transformers", "lm_eval")
+RAYLM_ROOT = Path(raylm.__file__).parent
 
 
 def table_digest(table: pa.Table) -> str:
@@ -58,13 +63,31 @@ def table_digest(table: pa.Table) -> str:
     return hashlib.sha256(sink.getvalue()).hexdigest()
 
 
-def source_digest() -> str:
-    """The code version: raylm's own source, since any change to it may change scores."""
-    root = Path(raylm.__file__).parent
+@functools.lru_cache(maxsize=4)
+def source_digest(root: Path = RAYLM_ROOT) -> str:
+    """The code version: every module under `root` by its path and its syntax tree, less what cannot change a
+    score. Comments never reach the tree, and statements that are only a string literal (docstrings) are dropped;
+    line numbers are not dumped, so a comment or docstring edit that moves code leaves the digest as it was,
+    while any change to what the code does (a constant, an expression, a new module) changes it. The dump's
+    format follows Python's ast module, so a Python upgrade may change the digest too.
+
+    Cached: parsing every module takes a second or more on a small machine, and a sweep fingerprints every
+    point."""
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+        tree = _Docstrings().visit(ast.parse(path.read_bytes(), filename=str(path)))
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + ast.dump(tree).encode() + b"\0")
     return digest.hexdigest()
+
+
+class _Docstrings(ast.NodeTransformer):
+    """Removes statements that are only a string literal: module, class and function docstrings, and the bare
+    strings some code documents attributes with. Evaluating one has no effect."""
+
+    def visit_Expr(self, node: ast.Expr) -> ast.Expr | None:
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return None
+        return node
 
 
 def library_versions() -> dict[str, str | None]:

@@ -97,6 +97,17 @@ def cpu_share(actors: int) -> int:
     return whole_cpu_share([r.get("CPU", 0.0) for r in node_resources()], actors) or 1
 
 
+def import_actor_code() -> None:
+    """Imports what an actor runs (torch, transformers, the scorers) on the driver before it starts threads that load
+    tokenizers, so that its own import of that code, to start actors, never runs beside theirs. transformers'
+    first import ends by replacing its module in sys.modules with a lazy one, and CPython hands an `import`
+    statement that another thread runs meanwhile, once the import is done, the module object it found before
+    waiting: the replaced one, which holds none of transformers' names. `raylm eval` failed so at random, "cannot
+    import name 'DynamicCache' from 'transformers'" (tests/test_import_race.py). Not done when this module is
+    imported: torch takes seconds, and bad input should fail before that."""
+    import raylm.cluster.actors  # noqa: F401
+
+
 @dataclass(frozen=True)
 class ActorRecipe:
     """How one scoring actor is started, kept so the scheduler can start an identical one when an actor dies."""
@@ -110,11 +121,7 @@ class ActorRecipe:
     awaits_nodes: bool = False  # some actors fit only on nodes the autoscaler has yet to add
 
     def start(self) -> ActorHandle:
-        """Ask Ray for a new actor; it is ready (model loaded) when its `ready()` returns.
-
-        raylm.cluster.actors imports torch (1-2 s); importing it here rather than with this module keeps it off the
-        driver's path to ray.init, which `raylm eval` starts while its tokenising thread does that import.
-        """
+        """Ask Ray for a new actor; it is ready (model loaded) when its `ready()` returns."""
         from raylm.cluster.actors import RemoteScoringActor
 
         return RemoteScoringActor.options(num_cpus=self.num_cpus, num_gpus=self.num_gpus).remote(

@@ -18,7 +18,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from raylm.cluster.checkpoint import Checkpoint
-from raylm.cluster.runtime import actor_pids, connect, cpu_share, kill, set_batch_size, start_actors, wants_gpu
+from raylm.cluster.runtime import (
+    actor_pids,
+    connect,
+    cpu_share,
+    import_actor_code,
+    kill,
+    set_batch_size,
+    start_actors,
+    wants_gpu,
+)
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError, RemoteError
 from raylm.evaluate import evaluate, run_fingerprint
@@ -132,6 +141,7 @@ def _run_models(sweep: Sweep, todo: dict[str, list[SweepPoint]], out: Path, runs
     connect()
     num_cpus = _cpus_per_actor(sweep, len(todo))
     models = {m.name: m for m in sweep.models}
+    import_actor_code()  # before the models' threads start (see there)
     with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="sweep") as pool:
         futures = [pool.submit(_run_model, sweep, models[name], points, out, runs[name], num_cpus)
                    for name, points in todo.items()]
