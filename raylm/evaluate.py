@@ -377,9 +377,11 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
 
 def clean_documents(cfg: EvalConfig, scan: CleanSets, docs: TaskDocs, built: Built | None
                     ) -> tuple[dict[str, set[int]], dict[str, int]]:
-    """Each task's evaluated documents that the scan found clean, and how many it evaluates, after checking the
-    scan holds exactly those texts: native tasks' by their lm-eval counterpart's query rule, lm-eval tasks' by
-    lm-eval's (raylm.tasks.queries, raylm.tasks.lmeval.queries)."""
+    """Each task's evaluated documents (its --limit or --samples ones) that the scan found clean, and how many it
+    evaluates, after checking the scan holds exactly those texts: native tasks' by their lm-eval counterpart's
+    query rule, lm-eval tasks' by lm-eval's (raylm.tasks.queries, raylm.tasks.lmeval.queries). Documents go by
+    their own index in the task, as the scan names them: a native document's doc_id, and what an lm-eval
+    document's --samples doc_id (renumbered by lm-eval) stands for (raylm.tasks.lmeval.build.documents)."""
     from raylm.tasks.queries import native_queries
 
     evaluated: dict[str, list[tuple[int, str]]] = {}
@@ -390,7 +392,7 @@ def clean_documents(cfg: EvalConfig, scan: CleanSets, docs: TaskDocs, built: Bui
         from raylm.tasks.lmeval.queries import document_queries
 
         for name, task in built.tasks["tasks"].items():
-            evaluated[name] = list(document_queries(name, task, cfg.limit))
+            evaluated[name] = list(document_queries(name, task, cfg.limit, built.indices(name)))
     return ({name: scan.clean(name, queries) for name, queries in evaluated.items()},
             {name: len(queries) for name, queries in evaluated.items()})
 

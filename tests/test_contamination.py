@@ -34,7 +34,7 @@ from raylm.contamination.ngrams import normalize
 from raylm.contamination.report import contamination_dict, write_report
 from raylm.contamination.scan import NgramScan, ScanConfig, run_scan
 from raylm.errors import RaylmError
-from raylm.evaluate import evaluate
+from raylm.evaluate import clean_documents, evaluate
 from raylm.results.contamination import CleanSets, query_digest
 from raylm.results.lmeval import results
 from raylm.results.report import results_dict
@@ -392,6 +392,37 @@ def test_decontaminated_metrics_are_lm_evals_on_the_clean_documents_alone(local_
                          clean={"arc_easy_local": set()})
     assert not any("_decontaminate" in k for k in none_clean["results"]["arc_easy_local"])
     assert none_clean["n-samples"]["arc_easy_local"]["decontaminate"] == 0
+
+
+def test_samples_are_decontaminated_by_their_own_index(local_tasks):
+    """`--samples` with `--decontaminate` on an lm-eval task: lm-eval numbers the sampled documents 0, 1, ..., the
+    scan names every document by its own index. The clean set is the sampled documents the scan found clean, and
+    the `_decontaminate` metrics and counts are lm-eval's own over exactly those (documents 0-2, dirty but not
+    sampled, carry the doc_ids lm-eval gives three of the sampled ones)."""
+    name = "arc_easy_local"
+    samples = [3, 5, 8, 11, 14, 17]
+    dirty = {0, 1, 2, 5, 11}
+    queries = load_scan_tasks((name,), DATA, local_tasks, None).tasks[name].queries
+    scan = CleanSets({"config": {"command": "contamination"}, "tasks": {name: {"docs": [
+        {"doc_id": d, "query_sha256": query_digest(q), "matched_ngrams": int(d in dirty)} for d, q in queries]}}},
+        Path("contamination.json"))
+    cfg = EvalConfig(ModelSpec("unused"), (name,), DATA, include_path=local_tasks, samples={name: samples})
+    built = load_and_build(select([name], local_tasks), SEEDS, None, None, cfg.samples)
+    clean, evaluated = clean_documents(cfg, scan, {}, built)
+    assert clean == {name: {3, 8, 14, 17}} and evaluated == {name: len(samples)}
+    rng = np.random.default_rng(5)
+    scores = {(name, r.doc_id, r.idx): (float(-rng.gamma(2.0, 10.0)), bool(rng.random() < 0.2))
+              for r in built.requests(name)}
+    ours = results(built, scores, 100, clean=clean)
+    assert ours["n-samples"][name]["effective"] == len(samples) and ours["n-samples"][name]["decontaminate"] == 4
+    # lm-eval on the clean sampled documents alone, answered with raylm's score of each (its k-th sampled one)
+    by_index = {(task, samples[doc_id], idx): score for (task, doc_id, idx), score in scores.items()}
+    selected = {name: sorted(clean[name])}
+    theirs = lm_eval.simple_evaluate(model=ReplayLM(by_index, selected), tasks=[name],
+                                     task_manager=TaskManager(include_path=str(local_tasks)), samples=selected,
+                                     bootstrap_iters=100, random_seed=SEEDS[0], numpy_random_seed=SEEDS[1],
+                                     torch_random_seed=SEEDS[2], fewshot_random_seed=SEEDS[3])
+    assert_decontaminated_are_lm_evals(ours, theirs, [name])
 
 
 @pytest.fixture(scope="module")

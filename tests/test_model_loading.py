@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import re
+from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import DATA
+from parity_fixtures import ADAPTER, STORIES
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.activations import GELUTanh, NewGELUActivation
 
+from raylm.errors import RaylmError
 from raylm.models.loading import load_model
 from raylm.models.spec import ModelSpec
 
@@ -94,3 +100,48 @@ def test_the_fused_gelu_at_bfloat16_moves_logits_less_than_bfloat16_itself(tmp_p
     swap, rounding = (by_fused - by_plain).abs(), (by_plain - expected).abs()
     assert swap.max() < rounding.max()
     assert (by_fused - expected).abs().mean() <= 1.1 * rounding.mean()
+
+
+@pytest.fixture(scope="module")
+def prompt_adapters(tiny_llama, tmp_path_factory) -> dict[str, Path]:
+    """A prompt-tuning and a prefix-tuning adapter for tiny_llama, saved as a user saves theirs."""
+    from peft import PrefixTuningConfig, PromptTuningConfig, get_peft_model
+
+    out = {}
+    for kind, config in (("PROMPT_TUNING", PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4)),
+                         ("PREFIX_TUNING", PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))):
+        out[kind] = tmp_path_factory.mktemp(kind.lower())
+        get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_llama), config).save_pretrained(out[kind])
+    return out
+
+
+def test_a_prompt_learning_adapter_is_refused_in_one_line_wherever_it_is_given(prompt_adapters, tiny_llama,
+                                                                               tmp_path, capsys):
+    """Prompt and prefix tuning act only through PeftModel's forward, so scoring the base with them loaded would
+    report the base's numbers under the adapter's name. Every way of naming an adapter (--peft, --model_args peft=,
+    a sweep file's peft, RayLM(peft=)) is refused before any actor starts, and an actor refuses it too; a LoRA,
+    which changes the model's own layers, passes the same check."""
+    from raylm.api import RayLM
+    from raylm.cli import main
+    from raylm.sweep.config import load_sweep
+
+    for kind, adapter in prompt_adapters.items():
+        message = f"adapter '{adapter}' is {kind}, a prompt-learning adapter, which raylm cannot score"
+        spec = ModelSpec(str(tiny_llama), "float32", "cpu", peft=str(adapter))
+        for refuse in (spec.validate, partial(load_model, spec), partial(RayLM, str(tiny_llama), peft=str(adapter))):
+            with pytest.raises(RaylmError, match=re.escape(message)) as error:
+                refuse()
+            assert "\n" not in str(error.value)
+        for model in (["--model", str(tiny_llama), "--peft", str(adapter)],
+                      ["--model_args", f"pretrained={tiny_llama},peft={adapter}"]):
+            assert main(["eval", *model, "--tasks", "winogrande", "--data-dir", str(DATA),
+                         "--output", str(tmp_path / "out")]) == 2
+            stderr = capsys.readouterr().err
+            assert message in stderr and stderr.count("\n") == 1
+            assert not (tmp_path / "out").exists()
+        sweep = tmp_path / f"{kind}.yaml"
+        sweep.write_text(f"models:\n  - path: {tiny_llama}\n    peft: {adapter}\ntasks: [winogrande]\n")
+        with pytest.raises(RaylmError, match=re.escape(f"{sweep}: {message}")):
+            load_sweep(sweep)
+    ModelSpec(str(STORIES), peft=str(ADAPTER)).validate()
+

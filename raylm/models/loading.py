@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raylm.errors import RaylmError, first_line
 from raylm.models.devices import Budget, placement_kwargs
 from raylm.models.spec import (
     PLL_VARIANTS,
-    looks_local,
     SCORERS,
     ModelSpec,
+    adapter_source,
     check_choice,
     check_device,
     check_quantization,
@@ -186,7 +185,8 @@ def _load_adapter(spec: ModelSpec, model: torch.nn.Module) -> None:
     """HFLM's peft=: the adapter's layers injected into `model` in place (not merged, as HFLM runs it), so the
     model keeps its class and raylm plans and scores it as the base. As HFLM does first, a base whose vocabulary
     size differs from its tokenizer's length has its embeddings resized to the tokenizer (LoRAs that add tokens
-    ship a base tokenizer that already has them)."""
+    ship a base tokenizer that already has them). A prompt-learning adapter, which injects nothing and so would
+    leave the base's numbers, was refused by load_model's spec.validate() (raylm.models.spec.check_peft)."""
     from peft import PeftModel
 
     vocab_size = getattr(text_config(model.config), "vocab_size", None)
@@ -196,9 +196,8 @@ def _load_adapter(spec: ModelSpec, model: torch.nn.Module) -> None:
                                          "adapter '%s' (as HFLM does)", spec.path, vocab_size, tokenizer_size,
                                          spec.peft)
         model.resize_token_embeddings(tokenizer_size)
-    source = str(Path(spec.peft).expanduser()) if looks_local(spec.peft) else spec.peft
     try:
-        PeftModel.from_pretrained(model, source, revision=spec.peft_revision)
+        PeftModel.from_pretrained(model, adapter_source(spec), revision=spec.peft_revision)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise RaylmError(f"could not load adapter '{spec.peft}' onto '{spec.path}': {first_line(e)}") from e
 

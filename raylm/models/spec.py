@@ -2,6 +2,8 @@
 
 Nothing here imports torch or transformers: the CLI, sweep files and the driver's pre-flight checks need ModelSpec
 long before a model loads, and `raylm eval` starts Ray while a thread imports torch and transformers to tokenise.
+The one exception is a spec with an adapter, whose config is read through peft (which imports both) when the spec
+is validated, before any thread starts.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from raylm.errors import RaylmError
+from raylm.errors import RaylmError, first_line
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SAFE_WEIGHTS = "*.safetensors"
@@ -86,7 +88,14 @@ class ModelSpec:
 
 
 def check_peft(spec: ModelSpec) -> None:
-    """An adapter needs the peft package (raylm[peft]), a causal LM to sit on, and, when local, its directory."""
+    """An adapter needs the peft package (raylm[peft]), a causal LM to sit on, when local its directory, and a type
+    that changes the model's own layers.
+
+    raylm scores the base model with the adapter injected into it (LoRA, IA3, ...). A prompt-learning adapter
+    (prompt tuning, prefix tuning, p-tuning, multitask prompt tuning, ...) injects nothing: it acts only through
+    PeftModel's forward, which prepends its virtual tokens, so the base model's numbers would be reported under the
+    adapter's name. Its config is read here (peft's own `is_prompt_learning`), where the driver checks a run
+    before any actor starts and where each actor loads its model."""
     if not _importable(PEFT_PACKAGE):
         raise RaylmError(f"--peft {spec.peft} needs the peft package: pip install \"raylm[peft]\"")
     if spec.scorer == "mlm":
@@ -96,6 +105,17 @@ def check_peft(spec: ModelSpec) -> None:
         if not (path / "adapter_config.json").is_file():
             raise RaylmError(f"adapter path '{spec.peft}' has no adapter_config.json (save it with "
                              "PeftModel.save_pretrained)")
+    from peft import PeftConfig
+
+    try:
+        config = PeftConfig.from_pretrained(adapter_source(spec), revision=spec.peft_revision)
+    except (OSError, ValueError, TypeError) as e:
+        raise RaylmError(f"could not read the config of adapter '{spec.peft}': {first_line(e)}") from e
+    if config.is_prompt_learning:
+        kind = getattr(config.peft_type, "value", config.peft_type)
+        raise RaylmError(f"adapter '{spec.peft}' is {kind}, a prompt-learning adapter, which raylm cannot score "
+                         "(its virtual tokens act only through PeftModel's forward); use a LoRA, IA3 or other "
+                         "adapter that changes the model's layers")
 
 
 def check_choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -142,6 +162,11 @@ def looks_local(path: str) -> bool:
 def model_source(spec: ModelSpec) -> str:
     """What from_pretrained is given: a local directory with `~` expanded, or the hub id."""
     return str(Path(spec.path).expanduser()) if looks_local(spec.path) else spec.path
+
+
+def adapter_source(spec: ModelSpec) -> str:
+    """What peft is given for --peft: a local directory with `~` expanded, or the hub id."""
+    return str(Path(spec.peft).expanduser()) if looks_local(spec.peft) else spec.peft
 
 
 def check_model_path(spec: ModelSpec) -> None:

@@ -21,7 +21,7 @@ from lm_eval.utils import handle_non_serializable, hash_string
 
 from raylm.errors import RaylmError
 from raylm.results.contamination import SUFFIX, decontaminated_key
-from raylm.tasks.lmeval.build import LMEVAL_LOCK, Built, cached_templates
+from raylm.tasks.lmeval.build import LMEVAL_LOCK, Built, cached_templates, documents
 
 # A loglikelihood request's score is (summed log-probability, continuation is the greedy decode); a rolling
 # request's is its document's summed log-probability over all windows (HFLM returns a bare float for it).
@@ -107,7 +107,8 @@ def results(built: Built, scores: Mapping[ScoreKey, Score], bootstrap_iters: int
     """lm-eval's results dict (results, groups, group_subtasks, configs, versions, n-shot, higher_is_better,
     n-samples, and samples when log_samples) from one score per (task, doc_id, idx).
 
-    With `clean` (task -> the doc_ids a contamination scan found clean), every metric of every task and group is
+    With `clean` (task -> the documents a contamination scan found clean, by their own index in the task: under
+    --samples not the doc_id lm-eval renumbers them to), every metric of every task and group is
     computed again over the clean documents alone, as lm-eval's evaluator did before 0.4.0 (each clean
     document's values appended under `<metric>_decontaminate` and aggregated with the metric's own aggregation,
     its stderr beside it), now through lm-eval 0.4.13's own aggregation, stderr and group code: a second
@@ -131,19 +132,16 @@ def results(built: Built, scores: Mapping[ScoreKey, Score], bootstrap_iters: int
                 by_doc[inst.doc_id].append(inst)
             for instances in by_doc.values():
                 instances.sort(key=lambda x: x.idx)
-            indices = built.indices(name)
             for filter_key in task.instances[0].filtered_resps:
-                for doc_id, doc in task.doc_iterator(rank=0, limit=built.limits[name], world_size=1,
-                                                     samples=indices):
+                for doc_id, index, doc in documents(task, built.limits[name], built.indices(name)):
                     requests = by_doc[doc_id]
                     metrics = task.process_results(doc, [req.filtered_resps[filter_key] for req in requests])
                     if log_samples:
                         acc["logged_samples"].append(
-                            _logged_sample(indices[doc_id] if indices else doc_id, doc, task.doc_to_target(doc),
-                                           requests, filter_key, metrics))
+                            _logged_sample(index, doc, task.doc_to_target(doc), requests, filter_key, metrics))
                     for metric, value in metrics.items():
                         acc["raw_metrics"][(metric, filter_key)].append(value)
-                        if clean is not None and doc_id in clean[name]:
+                        if clean is not None and index in clean[name]:
                             clean_acc[name]["raw_metrics"][(metric, filter_key)].append(value)
         groups = built.tasks.get("groups", {})
         with _no_bootstrap_pool():

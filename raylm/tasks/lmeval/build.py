@@ -126,6 +126,16 @@ def build(loaded: TaskDict, limit: int | float | None, samples: dict[str, list[i
     return Built(loaded, limits, samples)
 
 
+def documents(task: Any, limit: int | None, samples: list[int] | None = None) -> Iterator[tuple[int, int, dict]]:
+    """(doc_id, index, doc) for each document evaluate() scores, in its order: doc_id as lm-eval numbers it, which
+    its Instances and so raylm's scores carry (0..k-1 under --samples, which lm-eval renumbers), and index, the
+    document's own place in the task, which a contamination scan and a logged sample name it by. lm-eval keeps
+    --samples documents in file order, so the k-th is the k-th smallest index. `limit` is a document count."""
+    chosen = sorted(samples) if samples else None
+    for doc_id, doc in task.doc_iterator(rank=0, limit=limit, world_size=1, samples=samples):
+        yield doc_id, chosen[doc_id] if chosen else doc_id, doc
+
+
 def _check_indices(task: str, indices: list[int], n_docs: int) -> None:
     """lm-eval asserts this in doc_iterator; here it is a one-line error before any scoring."""
     bad = [i for i in indices if not 0 <= i < n_docs]

@@ -26,7 +26,7 @@ from lm_eval.api.task import ConfigurableTask
 from lm_eval.evaluator_utils import get_sample_size
 
 from raylm.errors import RaylmError
-from raylm.tasks.lmeval.build import LMEVAL_LOCK, cached_templates
+from raylm.tasks.lmeval.build import LMEVAL_LOCK, cached_templates, documents
 
 
 def query_rule(task: Any) -> str:
@@ -46,11 +46,13 @@ def query_rule(task: Any) -> str:
     return "doc_to_text (lm-eval's default; no should_decontaminate)"
 
 
-def document_queries(name: str, task: Any, limit: int | None) -> Iterator[tuple[int, str]]:
-    """(doc_id, query) for the documents `raylm eval --limit` would score, in lm-eval's doc_id order."""
+def document_queries(name: str, task: Any, limit: int | float | None, samples: list[int] | None = None
+                     ) -> Iterator[tuple[int, str]]:
+    """(index, query) for the documents `raylm eval --limit` or `--samples` would score, in lm-eval's order, each
+    by its own index in the task (a scan's doc_id; under --samples not the doc_id lm-eval renumbers it to)."""
     with LMEVAL_LOCK, cached_templates():
-        for doc_id, doc in task.doc_iterator(rank=0, limit=get_sample_size(task, limit), world_size=1):
-            yield doc_id, _as_text(name, doc_id, _query(task, doc))
+        for _, index, doc in documents(task, get_sample_size(task, limit), samples):
+            yield index, _as_text(name, index, _query(task, doc))
 
 
 def _overrides_query(task: Any) -> bool:
