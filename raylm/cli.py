@@ -8,7 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from raylm.corpus.read import DEFAULT_DOCS_PER_BATCH, FORMATS as CORPUS_FORMATS
+from raylm.corpus import MEMBERSHIP_DOCS_PER_BATCH, SCAN_ROWS_PER_BATCH, SCORING_DOCS_PER_BATCH
+from raylm.corpus.read import FORMATS as CORPUS_FORMATS
 from raylm.results.atomic import write_atomic
 from raylm.errors import RaylmError, RemoteError
 from raylm.cli_lmeval import PairsAction, apply_model_args, parse_pairs, read_samples, translate
@@ -230,7 +231,7 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--actors", type=int, help="model actors (default: one per GPU the cluster has or can grow "
                        "to, up to 16; else one on CPU)")
         p.add_argument("--limit-docs", type=int, help="first N documents only")
-        p.add_argument("--docs-per-batch", type=int, default=DEFAULT_DOCS_PER_BATCH)
+        p.add_argument("--docs-per-batch", type=int, default=SCORING_DOCS_PER_BATCH)
         add_model_options(p)
         p.add_argument("--output", type=Path, default=Path("raylm-out") / p.prog.split()[-1],
                        help="directory for results.json (default: raylm-out/ppl or raylm-out/kl)")
@@ -300,7 +301,7 @@ def run_probe_command(args: argparse.Namespace) -> int:
 # --- raylm contamination: task n-grams against a streamed training corpus (raylm.contamination) ---
 
 def add_contamination_command(sub: argparse._SubParsersAction) -> None:
-    from raylm.contamination import DEFAULT_DOCS_PER_BATCH, DEFAULT_NGRAM
+    from raylm.contamination import DEFAULT_NGRAM
 
     scan = sub.add_parser("contamination", help="which task documents a training corpus holds (lm-eval's 13-gram "
                                                 "overlap), streamed over Ray Data")
@@ -317,7 +318,7 @@ def add_contamination_command(sub: argparse._SubParsersAction) -> None:
     scan.add_argument("--limit", type=int, help="first N documents of each task")
     scan.add_argument("--limit-docs", type=int, help="first N corpus documents only")
     scan.add_argument("--actors", type=int, help="scanning actors (default: all CPUs but one)")
-    scan.add_argument("--docs-per-batch", type=int, default=DEFAULT_DOCS_PER_BATCH)
+    scan.add_argument("--docs-per-batch", type=int, default=SCAN_ROWS_PER_BATCH)
     scan.add_argument("--output", type=Path, default=Path("raylm-out") / "contamination",
                       help="directory for contamination.json, matches.parquet and contamination.png")
     scan.add_argument("--no-progress", action="store_true")
@@ -325,8 +326,8 @@ def add_contamination_command(sub: argparse._SubParsersAction) -> None:
 
 
 def run_contamination_command(args: argparse.Namespace) -> int:
-    from raylm.contamination.report import check_output, format_table, write_report
-    from raylm.contamination.scan import ScanConfig, run_scan
+    from raylm.contamination.report import format_table, run_contamination
+    from raylm.contamination.scan import ScanConfig
 
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     cfg = ScanConfig(tasks, tuple(args.corpus), args.fmt, args.text_column, args.ngram, args.data_dir,
@@ -334,8 +335,7 @@ def run_contamination_command(args: argparse.Namespace) -> int:
                      not args.no_progress)
     cfg.validate()
     prepare_output(args.output)
-    check_output(args.output)
-    report = write_report(run_scan(cfg, args.output), args.output)
+    report = run_contamination(cfg, args.output)
     print(format_table(report))
     print(f"wall time {report['config']['wall_time_s']:.1f} s; contamination.json, matches.parquet and "
           f"contamination.png written to {args.output}")
@@ -355,7 +355,7 @@ def add_membership_command(sub: argparse._SubParsersAction) -> None:
     member.add_argument("--data-dir", type=Path, help="native tasks' local data, as for `raylm eval`")
     member.add_argument("--limit", type=int, help="first N documents of each task")
     member.add_argument("--actors", type=int, help="model actors (default: one per GPU, or one on CPU)")
-    member.add_argument("--docs-per-batch", type=int, default=16)
+    member.add_argument("--docs-per-batch", type=int, default=MEMBERSHIP_DOCS_PER_BATCH)
     member.add_argument("--dtype", default="auto", choices=list(DTYPES))
     member.add_argument("--device", default="auto", help="auto, cpu or cuda")
     member.add_argument("--revision", help="model revision on the hub")

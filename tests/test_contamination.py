@@ -36,6 +36,7 @@ from raylm.contamination.scan import NgramScan, ScanConfig, run_scan
 from raylm.errors import RaylmError
 from raylm.evaluate import clean_documents, evaluate
 from raylm.results.contamination import CleanSets, query_digest
+from raylm.results.lock import LOCK_FILE
 from raylm.results.lmeval import results
 from raylm.results.report import results_dict
 from raylm.models.spec import ModelSpec
@@ -291,13 +292,13 @@ def test_a_failing_actor_or_a_bad_row_is_one_line_and_leaves_nothing(jsonl_scan,
     monkeypatch.setattr(scan_module, "NgramScan", Fails)
     with pytest.raises(RaylmError, match=r"^contamination scan failed: RuntimeError: scanning bug$"):
         native_scan([path], tmp_path / "out")
-    assert not list((tmp_path / "out").iterdir())
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [LOCK_FILE]  # released, empty; no partial matches
     monkeypatch.undo()
     restart_ray()
     pq.write_table(pa.table({"body": ["fine", None]}), tmp_path / "nulls.parquet")
     with pytest.raises(RaylmError, match=r"nulls\.parquet: field 'text': expected a document's text, got NoneType"):
         native_scan([tmp_path / "nulls.parquet"], tmp_path / "out2")
-    assert not list((tmp_path / "out2").iterdir())
+    assert [p.name for p in (tmp_path / "out2").iterdir()] == [LOCK_FILE]
 
 
 def test_cli_prints_the_table_writes_the_chart_and_keeps_what_is_not_its_own(corpus, tmp_path):

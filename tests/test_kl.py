@@ -1,5 +1,6 @@
-"""KLScorer against a float64 one-request-at-a-time reference; the shared-tokenizer check; models that share a
-tokenizer but not a logits width; the out-of-memory fallback."""
+"""KLScorer against a float64 one-request-at-a-time reference; the logits budget (long windows in pieces over the
+KV caches, in every attention family); the shared-tokenizer check; models that share a tokenizer but not a logits
+width; the out-of-memory fallback."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+import tiny_families as fam
 from conftest import GPT2_TOKENIZER, STORIES
 from reference import float64_copy
 from reference_corpus import reference_kl
@@ -19,7 +21,7 @@ from raylm.corpus.doc_scoring import DocKL
 from raylm.corpus.run import CorpusConfig, check_same_tokenizer, resolve_lengths
 from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
-from raylm.scoring.kl import KLScorer
+from raylm.scoring.kl import LOGITS_SHARE, KLScorer, KLScores
 
 MAX_LENGTH = 128
 
@@ -51,11 +53,7 @@ def test_kl_of_a_model_with_itself_is_zero(models):
     assert np.array_equal(scores.nll_p, scores.nll_q)
 
 
-def test_kl_matches_float64_reference_across_batches(models):
-    p, q = models
-    contexts, continuations = requests(10)
-    # A small token budget splits the requests over several padded batches.
-    scores = KLScorer(p, q, MAX_LENGTH, token_budget=300).score(contexts, continuations)
+def assert_reference(scores: KLScores, p, q, contexts: list[list[int]], continuations: list[list[int]]) -> None:
     p64, q64 = float64_copy(p), float64_copy(q)
     for i, (context, continuation) in enumerate(zip(contexts, continuations)):
         kl, nll_p, nll_q, disagree = reference_kl(p64, q64, context, continuation, MAX_LENGTH)
@@ -63,7 +61,74 @@ def test_kl_matches_float64_reference_across_batches(models):
         assert scores.nll_p[i] == pytest.approx(nll_p, rel=1e-6)
         assert scores.nll_q[i] == pytest.approx(nll_q, rel=1e-6)
         assert scores.disagree[i] == disagree
+
+
+def test_kl_matches_float64_reference_across_batches(models):
+    p, q = models
+    contexts, continuations = requests(10)
+    # A small token budget splits the requests over several padded batches.
+    scores = KLScorer(p, q, MAX_LENGTH, token_budget=300).score(contexts, continuations)
+    assert_reference(scores, p, q, contexts, continuations)
     assert np.all(scores.kl > 0) and scores.disagree.sum() > 0
+
+
+POSITIONS = 16  # what the small logits budget holds
+
+
+def small_budget(model) -> int:
+    """A logits budget of POSITIONS predicted positions for a float32 model."""
+    return POSITIONS * model.config.vocab_size * 4 * LOGITS_SHARE
+
+
+def with_long_rows(contexts: list[list[int]], continuations: list[list[int]]):
+    """Besides short requests, a rolling window's row (one token of context, 120 predicted) and a strided one (a
+    context of 60, 68 predicted): several times what the small budget holds."""
+    rng = np.random.default_rng(5)
+    return ([*contexts, [1], rng.integers(3, 512, 60).tolist()],
+            [*continuations, rng.integers(3, 512, 120).tolist(), rng.integers(3, 512, 68).tolist()])
+
+
+def test_a_window_longer_than_the_logits_budget_runs_in_pieces_equal_to_one_pass(models):
+    """No LM head ever computes more positions than the budget holds; KL, NLLs and disagreements are those of the
+    unbudgeted pass and of the float64 reference."""
+    p, q = models
+    contexts, continuations = with_long_rows(*requests(3))
+    seen: list[int] = []
+    hooks = [m.get_output_embeddings().register_forward_hook(lambda _m, _a, out: seen.append(out.shape[1]))
+             for m in (p, q)]
+    try:
+        small = KLScorer(p, q, MAX_LENGTH, logits_budget=small_budget(p))
+        got = small.score(contexts, continuations)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert small.max_predicted == POSITIONS and max(seen) <= POSITIONS
+    assert len(seen) >= 2 * (120 + 68) // POSITIONS  # the long rows really ran in pieces, in both models
+    whole = KLScorer(p, q, MAX_LENGTH).score(contexts, continuations)
+    np.testing.assert_allclose(got.kl, whole.kl, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got.nll_p, whole.nll_p, rtol=1e-6)
+    np.testing.assert_allclose(got.nll_q, whole.nll_q, rtol=1e-6)
+    assert np.array_equal(got.disagree, whole.disagree)
+    long_rows = slice(-2, None)  # the short ones ran whole: the test above holds them to the reference
+    pieces = KLScores(*(values[long_rows] for values in (got.kl, got.nll_p, got.nll_q, got.disagree)))
+    assert_reference(pieces, p, q, contexts[long_rows], continuations[long_rows])
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "bloom"])
+def test_pieces_over_the_caches_equal_one_pass_in_every_kind_of_attention(family):
+    """Sliding windows (Mistral; Gemma-2 mixing window and full layers, with softcapping in its head) and ALiBi
+    (BLOOM), besides the rotary Llama above: each piece continues from the cache exactly as the whole row would
+    have run."""
+    torch.manual_seed(0)
+    p = AutoModelForCausalLM.from_config(fam.FAMILIES[family]()).eval()
+    torch.manual_seed(1)
+    q = AutoModelForCausalLM.from_config(fam.FAMILIES[family]()).eval()
+    contexts, continuations = with_long_rows(*requests(2))
+    got = KLScorer(p, q, fam.CONTEXT, logits_budget=small_budget(p)).score(contexts, continuations)
+    whole = KLScorer(p, q, fam.CONTEXT).score(contexts, continuations)
+    np.testing.assert_allclose(got.kl, whole.kl, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got.nll_p, whole.nll_p, rtol=1e-5)
+    np.testing.assert_allclose(got.nll_q, whole.nll_q, rtol=1e-5)
 
 
 def test_near_zero_mass_under_q_gives_large_finite_kl(models):
@@ -157,6 +222,9 @@ class OutOfMemoryAbove(torch.nn.Module):
 
     def get_input_embeddings(self):
         return self.model.get_input_embeddings()
+
+    def get_output_embeddings(self):
+        return self.model.get_output_embeddings()
 
     def forward(self, input_ids, **kwargs):
         if input_ids.numel() > self.limit:

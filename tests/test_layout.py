@@ -29,8 +29,9 @@ ALLOWED = {
     "sweep": {"cluster", "config", "data", "evaluate", "models", "results", "scoring", "tasks"},
     "probe": {"data", "models", "results", "scoring"},
     # a corpus job beside corpus/: task queries (tasks) -> n-grams -> a corpus streamed by Ray Data (corpus,
-    # cluster) -> overlaps and clean sets (results); membership scores run models on its actors (models, scoring)
-    "contamination": {"cluster", "config", "corpus", "models", "requests", "results", "scoring", "tasks"},
+    # cluster) -> overlaps and clean sets (results); membership's driver sends task documents to corpus/'s model
+    # actors, whose maths is scoring/'s (models: which model, pinned)
+    "contamination": {"cluster", "config", "corpus", "models", "results", "scoring", "tasks"},
     "cli_lmeval": {"config"},
     "cli": {"cli_lmeval", "cluster", "config", "contamination", "corpus", "data", "evaluate", "models", "probe",
             "requests", "results", "scoring", "sweep", "tasks"},
@@ -77,16 +78,16 @@ def test_scoring_runs_without_ray_installed():
     """The scorer is plain torch: importable, and usable, in a process where `import ray` fails."""
     probe = ("import sys; sys.modules['ray'] = None\n"
              "import raylm.scoring.scorer, raylm.scoring.kl, raylm.models.loading, raylm.scoring.packing, "
-             "raylm.scoring.mlm\n"
+             "raylm.scoring.mlm, raylm.scoring.membership\n"
              "print('ok')")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
 def test_contamination_maths_runs_without_ray_installed():
-    """The n-grams, the task queries and the membership scores are plain Python: Ray only runs them."""
+    """The n-grams and the task queries are plain Python: Ray only runs them."""
     probe = ("import sys; sys.modules['ray'] = None\n"
-             "import raylm.contamination.ngrams, raylm.contamination.membership, raylm.contamination.documents\n"
+             "import raylm.contamination.ngrams, raylm.contamination.documents\n"
              "from raylm.contamination.ngrams import NgramIndex, TaskDocument, words\n"
              "index = NgramIndex([TaskDocument('t', 0, words('a b c d'))], 2)\n"
              "assert [c.ngram for c in index.filter.candidates(['x A, b y C d'])] == ['a b', 'c d']\n"

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from conftest import DATA, run_cli
-from raylm.contamination.membership import min_k_prob, zlib_ratio
-from raylm.contamination.membership_run import DocMembership
+from raylm.corpus.doc_scoring import DocMembership
 from raylm.models.loading import load_model, load_tokenizer
 from raylm.models.spec import ModelSpec
+from raylm.scoring.membership import min_k_prob, zlib_ratio
 from raylm.scoring.scorer import Scorer
 from raylm.tasks.queries import native_queries
 from reference import float64_copy
@@ -76,25 +76,45 @@ def reference_token_logprobs(model64, tokenizer, text: str, max_length: int) -> 
     return out
 
 
+def assert_reference_scores(rows: pa.Table, texts: list[str], k: float, model64, tokenizer, max_length: int) -> None:
+    for i, text in enumerate(texts):
+        lp = np.array(reference_token_logprobs(model64, tokenizer, text, max_length))
+        assert rows["tokens"][i].as_py() == len(lp)
+        count = max(1, int(len(lp) * k / 100))
+        assert rows["min_k_prob"][i].as_py() == pytest.approx(float(np.sort(lp)[:count].mean()), abs=1e-5)
+        assert rows["nll"][i].as_py() == pytest.approx(-math.fsum(lp), rel=1e-6)
+        expected_zlib = -lp.mean() / len(zlib.compress(text.encode("utf-8")))
+        assert rows["zlib_ratio"][i].as_py() == pytest.approx(expected_zlib, rel=1e-6)
+
+
+def documents(texts: list[str]) -> pa.Table:
+    return pa.table({"task": ["t"] * len(texts), "doc_id": list(range(len(texts))), "text": texts,
+                     "path": ["t"] * len(texts)})
+
+
 def test_scores_match_a_direct_float64_computation(spec):
     """Real documents (WinoGrande sentences, a WikiText page over several 128-token windows): Min-K% at two k and
     the zlib ratio from DocMembership against the float64 reference's token log-probs."""
     tokenizer, model = load_tokenizer(spec), load_model(spec)
     model64 = float64_copy(model)
     texts = native_queries("winogrande", DATA)[:4] + [native_queries("wikitext", DATA)[1][:2500]]
-    batch = pa.table({"task": ["t"] * len(texts), "doc_id": list(range(len(texts))), "text": texts,
-                      "path": ["t"] * len(texts)})
     for k in (20.0, 50.0):
-        rows = DocMembership(spec, 128, k)(batch)
-        for i, text in enumerate(texts):
-            lp = np.array(reference_token_logprobs(model64, tokenizer, text, 128))
-            assert rows["tokens"][i].as_py() == len(lp)
-            count = max(1, int(len(lp) * k / 100))
-            assert rows["min_k_prob"][i].as_py() == pytest.approx(float(np.sort(lp)[:count].mean()), abs=1e-5)
-            assert rows["nll"][i].as_py() == pytest.approx(-math.fsum(lp), rel=1e-6)
-            expected_zlib = -lp.mean() / len(zlib.compress(text.encode("utf-8")))
-            assert rows["zlib_ratio"][i].as_py() == pytest.approx(expected_zlib, rel=1e-6)
+        rows = DocMembership(spec, 128, k)(documents(texts))
+        assert_reference_scores(rows, texts, k, model64, tokenizer, 128)
     assert rows["tokens"][4].as_py() > 3 * 128  # the page really spans windows
+
+
+def test_a_window_longer_than_the_logits_budget_runs_in_pieces(spec):
+    """128-token windows under a logits budget of 16 positions (as an 8k window on a 128k vocabulary outgrows the
+    real one): the actor's scorer cuts them into pieces over the KV cache, as `raylm ppl`'s does, rather than
+    stopping, and the scores are the float64 reference's."""
+    tokenizer, model = load_tokenizer(spec), load_model(spec)
+    member = DocMembership(spec, 128, 20.0)
+    member.scorer.max_predicted = 16  # what a budget of 16 positions' logits gives (Scorer(logits_budget=...))
+    texts = native_queries("winogrande", DATA)[:2] + [native_queries("wikitext", DATA)[1][:1500]]
+    rows = member(documents(texts))
+    assert rows["tokens"][2].as_py() > 2 * 128
+    assert_reference_scores(rows, texts, 20.0, float64_copy(model), tokenizer, 128)
 
 
 def test_cli_membership_on_a_choice_and_a_rolling_task(tiny_llama, tmp_path):

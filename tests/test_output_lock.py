@@ -82,7 +82,7 @@ def test_reentrant_in_one_thread_refused_in_another(tmp_path):
         pass
 
 
-@pytest.mark.parametrize("command", ["eval", "sweep", "ppl", "kl", "probe"])
+@pytest.mark.parametrize("command", ["eval", "sweep", "ppl", "kl", "probe", "contamination", "membership"])
 def test_every_command_that_writes_stops_before_any_work(held, command, tmp_path, capsys):
     out, proc = held
     text = tmp_path / "corpus.txt"
@@ -93,6 +93,10 @@ def test_every_command_that_writes_stops_before_any_work(held, command, tmp_path
             "kl": ["kl", "--model", str(DEMO_MODEL), "--model-b", str(DEMO_MODEL), "--data", str(text)],
             "probe": ["probe", "--model", str(DEMO_MODEL), "--probes",
                       str(REPO / "docs" / "masked-lm" / "probes.yaml")],
+            "contamination": ["contamination", "--tasks", "winogrande", "--data-dir", str(DEMO_DATA), "--corpus",
+                              str(text)],
+            "membership": ["membership", "--model", str(DEMO_MODEL), "--tasks", "winogrande", "--data-dir",
+                           str(DEMO_DATA)],
             }[command]
     assert main([*args, "--output", str(out)]) == 2
     errors = capsys.readouterr().err.strip().splitlines()

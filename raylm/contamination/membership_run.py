@@ -1,11 +1,11 @@
 """`raylm membership`'s driver: every task document's query text -> a Ray Data pool of model actors -> per-token
-log-probs -> Min-K% Prob and zlib ratio per document (raylm.contamination.membership) -> a summary per task.
+log-probs -> Min-K% Prob and zlib ratio per document (raylm.scoring.membership) -> a summary per task.
 
 The text scored is the document's decontamination query, the text `raylm contamination` searches the corpus
-for, so a document's overlap and its membership scores describe the same words. It is scored whole, as the
-WikiText task scores a page: the tokenizer's own encoding, lm-eval's disjoint rolling windows (conditioned on the
-BOS, else EOS, token), every token scored once, each window on its own (no prefix sharing), in float64. Documents
-travel as a small Ray Dataset; each actor holds the model and turns a batch of documents into one row each.
+for, so a document's overlap and its membership scores describe the same words. It is scored whole, as `raylm ppl`
+scores a document (raylm.corpus.doc_scoring.DocMembership): the tokenizer's own encoding, lm-eval's disjoint
+rolling windows (conditioned on the BOS, else EOS, token), every token scored once, in float64. Documents travel
+as a small Ray Dataset; each actor holds the model and turns a batch of documents into one row each.
 """
 
 from __future__ import annotations
@@ -18,28 +18,28 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from raylm.cluster.failures import DeferredStartup, data_worker_error
 from raylm.cluster.runtime import connect, local_cpus_needed, plan_actors
 from raylm.contamination.documents import load_scan_tasks
-from raylm.contamination.membership import DEFAULT_K, check_k, min_k_prob, zlib_ratio
-from raylm.corpus.doc_scoring import window_documents
+from raylm.corpus import MEMBERSHIP_DOCS_PER_BATCH
+from raylm.corpus.doc_scoring import DocMembership, take_prefix_sharing
 from raylm.corpus.run import model_max_length
+from raylm.corpus.stream import stream_batches
 from raylm.errors import RaylmError
 from raylm.models.identity import pin_revision, scored_commit
 from raylm.models.spec import ModelSpec
 from raylm.results.atomic import write_atomic
+from raylm.results.lock import output_lock
 from raylm.results.ownership import is_raylm_parquet, results_kind, tagged
-from raylm.results.report import run_config
+from raylm.results.report import prefix_sharing, run_config
+from raylm.scoring.membership import DEFAULT_K, check_k
 
 MEMBERSHIP_JSON = "membership.json"
 MEMBERSHIP_PARQUET = "membership.parquet"
-DEFAULT_DOCS_PER_BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class MembershipConfig:
     include_path: Path | None = None
     limit: int | None = None
     actors: int | None = None
-    docs_per_batch: int = DEFAULT_DOCS_PER_BATCH
+    docs_per_batch: int = MEMBERSHIP_DOCS_PER_BATCH
     progress: bool = True
 
     def validate(self) -> None:
@@ -70,39 +70,6 @@ class MembershipConfig:
         self.model.validate()
 
 
-class DocMembership(DeferredStartup):
-    """Ray Data callable: a batch of (task, doc_id, text) -> per document its tokens, NLL, Min-K% and zlib ratio."""
-
-    def start(self, spec: ModelSpec, max_length: int, k: float, threads: int = 0) -> None:
-        import torch
-
-        from raylm.requests.encoding import Encoder
-        from raylm.models.loading import load_model, load_tokenizer
-        from raylm.scoring.scorer import Scorer
-
-        if threads:
-            torch.set_num_threads(threads)
-        self.encoder = Encoder(load_tokenizer(spec), max_length)
-        self.scorer = Scorer(load_model(spec), max_length, share_prefixes=False)
-        self.k = k
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        self.check_started()
-        docs = window_documents(batch, self.encoder, self.encoder.max_length)
-        _, _, per_window = self.scorer.score(docs.contexts, docs.continuations, token_logprobs=True)
-        parts: list[list[np.ndarray]] = [[] for _ in docs.texts]
-        for owner, lp in zip(docs.owner.tolist(), per_window):
-            parts[owner].append(lp)
-        token_lps = [np.concatenate(p) if p else np.zeros(0) for p in parts]
-        return pa.table({
-            "task": batch["task"], "doc_id": batch["doc_id"],
-            "tokens": pa.array([len(lp) for lp in token_lps], pa.int64()),
-            "nll": pa.array([-math.fsum(lp.tolist()) for lp in token_lps], pa.float64()),
-            "min_k_prob": pa.array([min_k_prob(lp, self.k) for lp in token_lps], pa.float64()),
-            "zlib_ratio": pa.array([zlib_ratio(lp, t) for lp, t in zip(token_lps, docs.texts)], pa.float64()),
-        })
-
-
 def check_output(out_dir: Path) -> None:
     path = out_dir / MEMBERSHIP_JSON
     if path.exists() and results_kind(path) != "membership":
@@ -113,11 +80,17 @@ def check_output(out_dir: Path) -> None:
 
 
 def run_membership(cfg: MembershipConfig, out_dir: Path) -> dict[str, Any]:
-    """Score every document's query text; write DIR/membership.parquet (per document) and DIR/membership.json."""
+    """Score every document's query text; write DIR/membership.parquet (per document) and DIR/membership.json.
+    DIR's lock is held meanwhile (raylm.results.lock), taken before any work."""
+    cfg.validate()
+    with output_lock(out_dir):
+        check_output(out_dir)
+        return _run_membership(cfg, out_dir)
+
+
+def _run_membership(cfg: MembershipConfig, out_dir: Path) -> dict[str, Any]:
     import ray.data  # see raylm.corpus.read.read_corpus
 
-    cfg.validate()
-    check_output(out_dir)
     start = time.time()
     asked = cfg
     cfg = replace(cfg, model=pin_revision(cfg.model))
@@ -136,23 +109,17 @@ def run_membership(cfg: MembershipConfig, out_dir: Path) -> dict[str, Any]:
     recipe, n = plan_actors(cfg.model, cfg.actors, None)
     ds = ray.data.from_arrow(table)
     ds.context.execution_options.preserve_order = True
-    scored = ds.map_batches(DocMembership, fn_constructor_args=(cfg.model, max_length, cfg.k, recipe.threads),
+    # The actors load onto the placement's device (recipe.spec), as `raylm ppl`'s do.
+    scored = ds.map_batches(DocMembership, fn_constructor_args=(recipe.spec, max_length, cfg.k, recipe.threads),
                             batch_size=cfg.docs_per_batch, batch_format="pyarrow",
                             compute=ray.data.ActorPoolStrategy(size=n), num_cpus=recipe.num_cpus,
                             num_gpus=recipe.num_gpus)
     parts = []
-    try:
-        with tqdm(total=table.num_rows, unit="doc", disable=not cfg.progress, desc="scoring") as bar:
-            for batch in scored.iter_batches(batch_format="pyarrow", batch_size=None):
-                parts.append(batch)
-                bar.update(batch.num_rows)
-    except Exception as e:
-        if isinstance(e, RaylmError):
-            raise
-        error = data_worker_error("membership scoring failed", e)
-        if error is None:
-            raise
-        raise error from e
+    verdicts: set[str] = set()
+    with tqdm(total=table.num_rows, unit="doc", disable=not cfg.progress, desc="scoring") as bar:
+        for batch in stream_batches(scored, "membership scoring"):
+            parts.append(take_prefix_sharing(batch, verdicts))
+            bar.update(batch.num_rows)
     rows = pa.concat_tables(parts)
     sink = pa.BufferOutputStream()
     pq.write_table(tagged(rows), sink)
@@ -164,6 +131,7 @@ def run_membership(cfg: MembershipConfig, out_dir: Path) -> dict[str, Any]:
                              k=cfg.k, max_length=max_length, limit=cfg.limit, actors=n,
                              data_dir=str(cfg.data_dir) if cfg.data_dir else None,
                              include_path=str(cfg.include_path) if cfg.include_path else None,
+                             prefix_sharing=prefix_sharing(sorted(verdicts)),
                              model_commit=scored_commit(cfg.model)),
     }
     write_atomic(out_dir / MEMBERSHIP_JSON, json.dumps(report, indent=2).encode())

@@ -14,13 +14,23 @@ from pathlib import Path
 from typing import Any
 
 import raylm
-from raylm.contamination.scan import MATCHES, ScanResult
+from raylm.contamination.scan import MATCHES, ScanConfig, ScanResult, run_scan
 from raylm.errors import RaylmError
 from raylm.results.atomic import write_atomic
 from raylm.results.contamination import CONTAMINATION_JSON, query_digest
+from raylm.results.lock import output_lock
 from raylm.results.ownership import is_raylm_parquet, results_kind
 
 CHART = "contamination.png"
+
+
+def run_contamination(cfg: ScanConfig, out_dir: Path) -> dict[str, Any]:
+    """`raylm contamination`: scan, then write the report and chart; DIR's lock is held throughout, taken before any
+    work (raylm.results.lock), so two scans into one directory cannot interleave."""
+    cfg.validate()
+    with output_lock(out_dir):
+        check_output(out_dir)
+        return write_report(run_scan(cfg, out_dir), out_dir)
 
 
 def check_output(out_dir: Path) -> None:

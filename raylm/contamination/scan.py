@@ -20,21 +20,20 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import ray
 from tqdm import tqdm
 
-from raylm.cluster.failures import data_worker_error
 from raylm.cluster.runtime import connect, local_cpus_needed, node_resources
+from raylm.contamination import DEFAULT_NGRAM
 from raylm.contamination.documents import ScanTasks, load_scan_tasks
-from raylm.contamination import DEFAULT_DOCS_PER_BATCH, DEFAULT_NGRAM
 from raylm.contamination.ngrams import NgramFilter, NgramIndex, TaskDocument, words
+from raylm.corpus import READ_CPUS, SCAN_ROWS_PER_BATCH
 from raylm.corpus.read import FORMATS, document_texts, read_corpus
+from raylm.corpus.stream import PartialParquet, stream_batches
 from raylm.errors import RaylmError
-from raylm.results.ownership import tagged_schema
+from raylm.results.lock import output_lock
 
 MATCHES = "matches.parquet"
-READ_CPUS = 1.0  # kept free of scanning actors for Ray Data's read tasks
 MATCH_SCHEMA = pa.schema([("task", pa.string()), ("doc_id", pa.int64()), ("file", pa.string()), ("row", pa.int64()),
                           ("ngram", pa.string()), ("offset", pa.int64())])
 _FLUSH_ROWS = 8192
@@ -53,7 +52,7 @@ class ScanConfig:
     limit: int | None = None  # first N documents of each task
     limit_docs: int | None = None  # first N corpus documents
     actors: int | None = None
-    docs_per_batch: int = DEFAULT_DOCS_PER_BATCH
+    docs_per_batch: int = SCAN_ROWS_PER_BATCH
     progress: bool = True
 
     def validate(self) -> None:
@@ -141,11 +140,17 @@ def _cluster_cpus() -> float:
 
 
 def run_scan(cfg: ScanConfig, out_dir: Path, on_batch: Callable[[int], None] | None = None) -> ScanResult:
-    """Scan the corpus for the tasks' n-grams; matches go to out_dir/matches.parquet. `on_batch` runs on the driver
-    after each output batch with the number of batches so far (progress hooks, fault drills)."""
+    """Scan the corpus for the tasks' n-grams; matches go to out_dir/matches.parquet, written under DIR's lock
+    (raylm.results.lock). `on_batch` runs on the driver after each output batch with the number of batches so far
+    (progress hooks, fault drills)."""
+    cfg.validate()
+    with output_lock(out_dir):
+        return _run_scan(cfg, out_dir, on_batch)
+
+
+def _run_scan(cfg: ScanConfig, out_dir: Path, on_batch: Callable[[int], None] | None) -> ScanResult:
     import ray.data  # see raylm.corpus.read.read_corpus
 
-    cfg.validate()
     start = time.time()
     tasks = load_scan_tasks(cfg.tasks, cfg.data_dir, cfg.include_path, cfg.limit)
     index = build_index(tasks, cfg.ngram)
@@ -165,62 +170,47 @@ def run_scan(cfg: ScanConfig, out_dir: Path, on_batch: Callable[[int], None] | N
 
 def _stream(scanned: ray.data.Dataset, result: ScanResult, matches: Path,
             on_batch: Callable[[int], None] | None) -> None:
-    matches.parent.mkdir(parents=True, exist_ok=True)
-    partial = matches.with_name(f".{matches.name}.partial")
-    writer = pq.ParquetWriter(partial, tagged_schema(MATCH_SCHEMA))
     owners: dict[str, list[tuple[int, int]]] = {}
     pending: dict[str, list] = {name: [] for name in MATCH_SCHEMA.names}
     documents = result.index.documents
-    try:
-        with tqdm(unit="B", unit_scale=True, unit_divisor=1024, disable=not result.config.progress,
-                  desc="scanning") as bar:
-            for batches, batch in enumerate(scanned.iter_batches(batch_format="pyarrow", batch_size=None), 1):
-                for path, rows, size, candidates in zip(*(batch[c].to_pylist() for c in
-                                                          ("path", "rows", "bytes", "candidates"))):
-                    base = result.per_file.get(path, 0)
-                    result.per_file[path] = base + rows
-                    result.corpus_rows += rows
-                    result.corpus_bytes += size
-                    for c in candidates:
-                        if c["ngram"] not in owners:
-                            owners[c["ngram"]] = result.index.owners(c["ngram"])
-                        found = owners[c["ngram"]]
-                        if not found:
-                            result.collisions += 1
-                        seen = set()
-                        for d, k in found:
-                            result.found[d].add(k)
-                            if d in seen:
-                                continue
-                            seen.add(d)
-                            for key, value in (("task", documents[d].task), ("doc_id", documents[d].doc_id),
-                                               ("file", path), ("row", base + c["row"]), ("ngram", c["ngram"]),
-                                               ("offset", c["offset"])):
-                                pending[key].append(value)
-                    bar.update(size)
-                if len(pending["task"]) >= _FLUSH_ROWS:
-                    result.match_rows += _flush(writer, pending)
-                if on_batch is not None:
-                    on_batch(batches)
-        result.match_rows += _flush(writer, pending)
-    except Exception as e:
-        writer.close()
-        partial.unlink(missing_ok=True)
-        if isinstance(e, RaylmError):
-            raise
-        error = data_worker_error("contamination scan failed", e)
-        if error is None:
-            raise
-        raise error from e
-    writer.close()
+    with PartialParquet(matches, MATCH_SCHEMA) as out, tqdm(
+            unit="B", unit_scale=True, unit_divisor=1024, disable=not result.config.progress, desc="scanning") as bar:
+        for batches, batch in enumerate(stream_batches(scanned, "contamination scan"), 1):
+            for path, rows, size, candidates in zip(*(batch[c].to_pylist() for c in
+                                                      ("path", "rows", "bytes", "candidates"))):
+                base = result.per_file.get(path, 0)
+                result.per_file[path] = base + rows
+                result.corpus_rows += rows
+                result.corpus_bytes += size
+                for c in candidates:
+                    if c["ngram"] not in owners:
+                        owners[c["ngram"]] = result.index.owners(c["ngram"])
+                    found = owners[c["ngram"]]
+                    if not found:
+                        result.collisions += 1
+                    seen = set()
+                    for d, k in found:
+                        result.found[d].add(k)
+                        if d in seen:
+                            continue
+                        seen.add(d)
+                        for key, value in (("task", documents[d].task), ("doc_id", documents[d].doc_id),
+                                           ("file", path), ("row", base + c["row"]), ("ngram", c["ngram"]),
+                                           ("offset", c["offset"])):
+                            pending[key].append(value)
+                bar.update(size)
+            if len(pending["task"]) >= _FLUSH_ROWS:
+                result.match_rows += _flush(out, pending)
+            if on_batch is not None:
+                on_batch(batches)
+        result.match_rows += _flush(out, pending)
     result.files = len(result.per_file)
-    partial.replace(matches)
 
 
-def _flush(writer: pq.ParquetWriter, pending: dict[str, list]) -> int:
+def _flush(out: PartialParquet, pending: dict[str, list]) -> int:
     rows = len(pending["task"])
     if rows:
-        writer.write_table(pa.table(pending, schema=tagged_schema(MATCH_SCHEMA)))
+        out.write(pa.table(pending, schema=MATCH_SCHEMA))
         for column in pending.values():
             column.clear()
     return rows

@@ -1,4 +1,5 @@
-"""A batch of corpus documents -> one row of sums per document: the unit of work of `raylm ppl` and `raylm kl`.
+"""A batch of corpus documents -> one row of sums per document: the unit of work of `raylm ppl`, `raylm kl` and
+`raylm membership`.
 
 Each class is a Ray Data callable (model loaded once per actor in __init__, then called on Arrow batches), and
 equally a plain object tests call in-process. A batch holds whole documents, so a document's windows never
@@ -25,6 +26,7 @@ from raylm.requests.encoding import Encoder
 from raylm.requests.masked import UNSCORED, MaskedEncoder
 from raylm.requests.windows import split_conditioning, strided_windows
 from raylm.scoring.kl import KLScorer
+from raylm.scoring.membership import min_k_prob, zlib_ratio
 from raylm.scoring.mlm import MaskedScorer
 from raylm.scoring.scorer import Scorer
 from raylm.scoring.startup_check import REAL_REQUESTS, checked_plan
@@ -92,14 +94,56 @@ class DocPerplexity(DeferredStartup):
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         self.check_started()
+        docs, (loglik, _) = self.scored(batch)
+        nll = [-x for x in docs.per_doc(loglik)]
+        return pa.table({**docs.counts(batch), "nll": pa.array(nll, pa.float64()), **self.verdict(len(nll))})
+
+    def scored(self, batch: pa.Table, token_logprobs: bool = False) -> tuple[WindowedDocs, tuple]:
+        """The batch's windows and the Scorer's answer for them (Scorer.score's tuple)."""
         docs = window_documents(batch, self.encoder, self.stride)
         if self.scorer.plan.needs_check:
             real = (docs.contexts[:REAL_REQUESTS], docs.continuations[:REAL_REQUESTS])
             self.scorer.plan = checked_plan(self.scorer.model, self.scorer.max_length, self.scorer.plan, real)
-        loglik, _ = self.scorer.score(docs.contexts, docs.continuations)
-        nll = [-x for x in docs.per_doc(loglik)]
-        verdict = pa.array([self.scorer.plan.prefix_sharing] * len(nll), pa.string())
-        return pa.table({**docs.counts(batch), "nll": pa.array(nll, pa.float64()), PREFIX_SHARING_COLUMN: verdict})
+        return docs, self.scorer.score(docs.contexts, docs.continuations, token_logprobs=token_logprobs)
+
+    def verdict(self, rows: int) -> dict[str, pa.Array]:
+        return {PREFIX_SHARING_COLUMN: pa.array([self.scorer.plan.prefix_sharing] * rows, pa.string())}
+
+
+class DocMembership(DocPerplexity):
+    """`raylm membership`'s actor: a batch of (task, doc_id, text) -> per document its tokens, NLL, Min-K% Prob and
+    zlib ratio (raylm.scoring.membership). Each text is scored whole as DocPerplexity scores a document over
+    disjoint windows (lm-eval's rolling windows), so every token once, with the same packing, start-up check and
+    logits budget (a window longer than the budget runs in pieces over the KV cache)."""
+
+    def start(self, spec: ModelSpec, max_length: int, k: float, threads: int = 0) -> None:
+        super().start(spec, max_length, max_length, threads)
+        self.k = k
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        self.check_started()
+        docs, (_, _, per_window) = self.scored(batch, token_logprobs=True)
+        parts: list[list[np.ndarray]] = [[] for _ in docs.texts]
+        for owner, lp in zip(docs.owner.tolist(), per_window):
+            parts[owner].append(lp)
+        token_lps = [np.concatenate(p) if p else np.zeros(0) for p in parts]
+        return pa.table({
+            "task": batch["task"], "doc_id": batch["doc_id"],
+            "tokens": pa.array([len(lp) for lp in token_lps], pa.int64()),
+            "nll": pa.array([-math.fsum(lp.tolist()) for lp in token_lps], pa.float64()),
+            "min_k_prob": pa.array([min_k_prob(lp, self.k) for lp in token_lps], pa.float64()),
+            "zlib_ratio": pa.array([zlib_ratio(lp, t) for lp, t in zip(token_lps, docs.texts)], pa.float64()),
+            **self.verdict(len(token_lps)),
+        })
+
+
+def take_prefix_sharing(batch: pa.Table, verdicts: set[str]) -> pa.Table:
+    """The batch without its PREFIX_SHARING_COLUMN, whose distinct verdicts are added to `verdicts` (the driver
+    records them once per run, not per row)."""
+    if PREFIX_SHARING_COLUMN not in batch.column_names:
+        return batch
+    verdicts.update(batch[PREFIX_SHARING_COLUMN].unique().to_pylist())
+    return batch.drop_columns([PREFIX_SHARING_COLUMN])
 
 
 class DocPseudoPerplexity(DeferredStartup):

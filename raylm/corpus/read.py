@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     import ray.data
 
 FORMATS = ("auto", "parquet", "jsonl", "txt")
-DEFAULT_DOCS_PER_BATCH = 32
 _SUFFIXES = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".txt": "txt"}
 
 

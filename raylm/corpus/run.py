@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import ray
 from tqdm import tqdm
 
-from raylm.cluster.failures import data_worker_error
 from raylm.cluster.runtime import connect, local_cpus_needed, plan_actors
-from raylm.corpus.doc_scoring import PREFIX_SHARING_COLUMN, DocKL, DocPerplexity, DocPseudoPerplexity
-from raylm.corpus.read import DEFAULT_DOCS_PER_BATCH, FORMATS, read_corpus
+from raylm.corpus import READ_CPUS, SCORING_DOCS_PER_BATCH
+from raylm.corpus.doc_scoring import DocKL, DocPerplexity, DocPseudoPerplexity, take_prefix_sharing
+from raylm.corpus.read import FORMATS, read_corpus
+from raylm.corpus.stream import PartialParquet, stream_batches
 from raylm.errors import RaylmError
 from raylm.models.context import context_length
 from raylm.models.identity import pin_revision, scored_commit
@@ -35,7 +34,7 @@ from raylm.requests.masked import MaskedEncoder
 from raylm.results.atomic import write_atomic
 from raylm.results.metrics import kl_metrics, ppl_metrics, pseudo_ppl_metrics
 from raylm.results.lock import output_lock
-from raylm.results.ownership import RESULTS, check_results_owner, tagged_schema
+from raylm.results.ownership import RESULTS, check_results_owner
 from raylm.results.report import prefix_sharing, run_config
 from raylm.results.sums import corpus_batch_sums, merge
 from raylm.scoring.mlm import MASKED_PREFIX_SHARING
@@ -44,7 +43,6 @@ log = logging.getLogger(__name__)
 
 # Batch sums are folded into one every this many batches, so the driver's state stays small on any corpus.
 COLLAPSE_PARTS = 1024
-READ_CPUS = 1.0  # kept free of CPU actors for Ray Data's read tasks
 KL_PREFIX_SHARING = "unpacked (raylm kl scores each window in its own row)"
 PROBE_TEXT = "Probe: the tokenizers of both models must encode this the same way, 0123 äöü 東京 🙂\n  end."
 
@@ -60,7 +58,7 @@ class CorpusConfig:
     stride: int | None = None
     actors: int | None = None
     limit_docs: int | None = None
-    docs_per_batch: int = DEFAULT_DOCS_PER_BATCH
+    docs_per_batch: int = SCORING_DOCS_PER_BATCH
     progress: bool = True
 
     @property
@@ -220,45 +218,25 @@ def _stream(scored: ray.data.Dataset, samples: Path, progress: bool,
     """Fold per-document batches into sums while appending them to the samples file, numbering documents; and the
     actors' distinct prefix-sharing verdicts, which are taken off the rows. A corpus with nothing to score leaves
     no samples file behind."""
-    samples.parent.mkdir(parents=True, exist_ok=True)
-    partial = samples.with_name(f".{samples.name}.partial")
     parts: list[dict[str, float]] = []
     verdicts: set[str] = set()
-    writer, docs = None, 0
-    try:
-        with tqdm(unit="doc", disable=not progress, desc="scoring") as bar:
-            for batch in scored.iter_batches(batch_format="pyarrow", batch_size=None):
-                if batch.num_rows == 0:
-                    continue
-                if PREFIX_SHARING_COLUMN in batch.column_names:
-                    verdicts.update(batch[PREFIX_SHARING_COLUMN].unique().to_pylist())
-                    batch = batch.drop_columns([PREFIX_SHARING_COLUMN])
-                batch = batch.add_column(0, "doc", pa.array(range(docs, docs + batch.num_rows), pa.int64()))
-                docs += batch.num_rows
-                writer = writer or pq.ParquetWriter(partial, tagged_schema(batch.schema))
-                writer.write_table(batch)
-                parts.append(corpus_batch_sums(batch))
-                if len(parts) >= COLLAPSE_PARTS:
-                    parts = [merge(parts)]
-                bar.update(batch.num_rows)
-    except Exception as e:
-        if writer:
-            writer.close()
-        partial.unlink(missing_ok=True)
-        if isinstance(e, RaylmError):
-            raise
-        error = data_worker_error("corpus scoring failed", e)
-        if error is None:
-            raise
-        raise error from e
-    if writer:
-        writer.close()
-    sums = merge(parts)
-    if not sums.get("tokens"):
-        partial.unlink(missing_ok=True)
-        raise RaylmError(f"{source}: the corpus has no text to score "
-                         f"({int(sums.get('docs', 0))} documents, 0 tokens)")
-    os.replace(partial, samples)
+    docs = 0
+    with PartialParquet(samples) as out, tqdm(unit="doc", disable=not progress, desc="scoring") as bar:
+        for batch in stream_batches(scored, "corpus scoring"):
+            if batch.num_rows == 0:
+                continue
+            batch = take_prefix_sharing(batch, verdicts)
+            batch = batch.add_column(0, "doc", pa.array(range(docs, docs + batch.num_rows), pa.int64()))
+            docs += batch.num_rows
+            out.write(batch)
+            parts.append(corpus_batch_sums(batch))
+            if len(parts) >= COLLAPSE_PARTS:
+                parts = [merge(parts)]
+            bar.update(batch.num_rows)
+        sums = merge(parts)
+        if not sums.get("tokens"):
+            raise RaylmError(f"{source}: the corpus has no text to score "
+                             f"({int(sums.get('docs', 0))} documents, 0 tokens)")
     return sums, sorted(verdicts)
 
 
