@@ -18,8 +18,8 @@ ALLOWED = {
     "cache": set(),  # where computed-once things are kept (lm-eval's task index, weight digests): below every stage
     "data": set(),
     "tasks": {"cache", "data"},
-    "requests": {"tasks"},
     "models": {"cache"},
+    "requests": {"models", "tasks"},  # the driver's encoder is built from a model's tokenizer and config
     "scoring": {"models", "requests"},
     "config": {"models", "requests", "tasks"},
     "results": {"config", "models", "requests", "tasks"},
@@ -31,8 +31,7 @@ ALLOWED = {
     # a corpus job beside corpus/: task queries (tasks) -> n-grams -> a corpus streamed by Ray Data (corpus,
     # cluster) -> overlaps and clean sets (results); membership scores run models on its actors (models, scoring)
     "contamination": {"cluster", "config", "corpus", "models", "requests", "results", "scoring", "tasks"},
-    "cli_lmeval": {"config"},
-    "cli": {"cli_lmeval", "cluster", "config", "contamination", "corpus", "data", "evaluate", "models", "probe",
+    "cli": {"cluster", "config", "contamination", "corpus", "data", "evaluate", "models", "probe",
             "requests", "results", "scoring", "sweep", "tasks"},
     "api": {"cluster", "config", "models", "requests", "scoring", "tasks"},
     "__main__": {"cli"},
