@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from raylm.models.spec import DTYPES, ModelSpec
+from raylm.cli.options import add_model_options, model_spec
 from raylm.results.report import prepare_output
 
 
@@ -24,10 +24,7 @@ def add_membership_command(sub: argparse._SubParsersAction) -> None:
     member.add_argument("--limit", type=int, help="first N documents of each task")
     member.add_argument("--actors", type=int, help="model actors (default: one per GPU, or one on CPU)")
     member.add_argument("--docs-per-batch", type=int, default=16)
-    member.add_argument("--dtype", default="auto", choices=list(DTYPES))
-    member.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    member.add_argument("--revision", help="model revision on the hub")
-    member.add_argument("--trust-remote-code", action="store_true", help="run code shipped with the model")
+    add_model_options(member)
     member.add_argument("--output", type=Path, default=Path("raylm-out") / "membership",
                         help="directory for membership.json and membership.parquet")
     member.add_argument("--no-progress", action="store_true")
@@ -37,8 +34,7 @@ def add_membership_command(sub: argparse._SubParsersAction) -> None:
 def run_membership_command(args: argparse.Namespace) -> int:
     from raylm.contamination.membership_run import MembershipConfig, format_table, run_membership
 
-    spec = ModelSpec(args.model, args.dtype, args.device, args.revision, args.trust_remote_code,
-                     max_length=args.max_length)
+    spec = model_spec(args, args.model, args.revision, max_length=args.max_length)
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     cfg = MembershipConfig(spec, tasks, args.k, args.data_dir, args.include_path, args.limit, args.actors,
                            args.docs_per_batch, not args.no_progress)
