@@ -125,3 +125,14 @@ def print_fixed_cost_split(title: str, reference: str, ref_walls: list[float], r
     print(f"\n1-doc runs: {reference} {', '.join(f'{w:.1f}' for w in ref_fixed)} s, raylm "
           f"{', '.join(f'{w:.1f}' for w in raylm_fixed)} s. Ceiling: with no time for the rest, raylm's whole run "
           f"could be at most {ref / ours_one:.2f}x faster than {reference} here.")
+
+
+def build_task_requests(cfg, encoder) -> tuple[dict, dict[str, int]]:
+    """Native tasks' request tables for cfg, as `raylm eval` builds them (raylm.evaluate's readers of the config),
+    and each task's document count before --limit; raylm is imported only by the benchmarks that build requests."""
+    from raylm.evaluate import run_prompt, run_task_docs
+    from raylm.requests.native import encode_task_requests
+
+    docs = run_task_docs(cfg)
+    tables = encode_task_requests(docs, encoder, run_prompt(cfg, encoder.tokenizer))
+    return tables, {name: original for name, (_, original) in docs.items()}

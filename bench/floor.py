@@ -22,10 +22,10 @@ import pyarrow as pa
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATA, model_path, print_table  # noqa: E402
+from common import DATA, build_task_requests, model_path, print_table  # noqa: E402
 
 from raylm.config import EvalConfig  # noqa: E402
-from raylm.evaluate import build_lmeval_requests, build_task_requests, select_lmeval  # noqa: E402
+from raylm.evaluate import run_lmeval_requests, run_prompt, run_selection  # noqa: E402
 from raylm.models.context import resolve_max_length  # noqa: E402
 from raylm.models.loading import load_model, load_tokenizer  # noqa: E402
 from raylm.models.spec import ModelSpec  # noqa: E402
@@ -98,9 +98,9 @@ def main() -> None:
                      num_fewshot=args.num_fewshot, include_path=args.include_path)
     encoder = Encoder(tokenizer, max_length)
     tables, _ = build_task_requests(cfg, encoder)
-    selection = select_lmeval(cfg)
+    selection = run_selection(cfg)
     if selection is not None:
-        tables.update(build_lmeval_requests(cfg, selection, encoder)[1])
+        tables.update(run_lmeval_requests(cfg, selection, encoder, run_prompt(cfg, encoder.tokenizer))[1])
     tasks = {}
     for task, (_, table) in tables.items():
         contexts, continuations = table["context"].to_pylist(), table["continuation"].to_pylist()

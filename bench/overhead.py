@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATA, model_path, print_table  # noqa: E402
+from common import DATA, build_task_requests, model_path, print_table  # noqa: E402
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
@@ -25,7 +25,6 @@ from raylm.cluster.actors import score_shard  # noqa: E402
 from raylm.cluster.runtime import connect, start_actors  # noqa: E402
 from raylm.cluster.scheduler import run_shards  # noqa: E402
 from raylm.config import EvalConfig  # noqa: E402
-from raylm.evaluate import build_task_requests  # noqa: E402
 from raylm.models.context import resolve_max_length  # noqa: E402
 from raylm.models.loading import load_model, load_tokenizer  # noqa: E402
 from raylm.models.spec import ModelSpec  # noqa: E402

@@ -15,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     DATA,
+    build_task_requests,
     max_abs_diff,
     model_path,
     print_fixed_cost_split,
@@ -32,7 +33,6 @@ def naive_loop(model_dir: str, tasks: list[str], rows: int | None, out: Path) ->
     from transformers import AutoModelForCausalLM
 
     from raylm.config import EvalConfig
-    from raylm.evaluate import build_task_requests
     from raylm.models.context import resolve_max_length
     from raylm.models.loading import load_tokenizer
     from raylm.models.spec import ModelSpec

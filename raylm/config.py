@@ -5,7 +5,6 @@ It lives apart from the driver so that parsing a command line or a sweep file ne
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,13 +142,6 @@ def check_limit(limit: int | float | None, what: str = "--limit") -> None:
             (limit >= 1 and not float(limit).is_integer()):
         raise RaylmError(f"{what} must be a number of documents (1, 2, ...) or a fraction of them below 1 "
                          f"(0.1 = 10%), got {limit!r}")
-
-
-def limited(n_docs: int, limit: int | float | None) -> int:
-    """How many of a task's n_docs documents --limit keeps (lm_eval.evaluator_utils.get_sample_size)."""
-    if limit is None:
-        return n_docs
-    return min(n_docs, math.ceil(n_docs * limit) if limit < 1 else int(limit))
 
 
 def check_samples(samples: Any, limit: int | float | None) -> None:

@@ -89,7 +89,7 @@ def test_an_adapters_contents_are_in_the_fingerprint(tmp_path):
 
 @pytest.mark.parametrize("knob", [{"add_bos_token": True}, {"prefix_token_id": 0}])
 def test_hflms_tokenisation_knobs_are_refused_for_a_masked_lm(tiny_bert, knob):
-    from raylm.evaluate import driver_encoder
+    from raylm.requests.driver import driver_encoder
 
     with pytest.raises(RaylmError, match="applies to causal LMs"):
         driver_encoder(ModelSpec(str(tiny_bert), **knob))

@@ -101,10 +101,11 @@ MODEL_FLAGS = ["--revision", "v2", "--trust-remote-code", "--allow-pickle", "--l
                "--device", "cpu"]
 
 
-@pytest.mark.parametrize("command", ["eval", "ppl", "kl", "probe"])
+@pytest.mark.parametrize("command", ["eval", "ppl", "kl", "probe", "membership"])
 def test_every_command_that_loads_a_model_takes_the_same_model_flags(command, monkeypatch):
-    """--revision, --trust-remote-code, --allow-pickle and the quantisation flags mean the same on eval, ppl, kl and
-    probe (kl's Q takes all but --revision, which is --model-b-revision)."""
+    """--revision, --trust-remote-code, --allow-pickle and the quantisation flags mean the same on eval, ppl, kl,
+    probe and membership (kl's Q takes all but --revision, which is --model-b-revision)."""
+    import raylm.contamination.membership_run
     import raylm.corpus.run
     import raylm.probe.run
     from raylm.cli import config_from_args, main
@@ -112,7 +113,8 @@ def test_every_command_that_loads_a_model_takes_the_same_model_flags(command, mo
 
     asked = {"eval": ["eval", "--model", "org/p"], "ppl": ["ppl", "--model", "org/p", "--data", "x.txt"],
              "kl": ["kl", "--model", "org/p", "--model-b", "org/q", "--model-b-revision", "v3", "--data", "x.txt"],
-             "probe": ["probe", "--model", "org/p", "--text", "a [MASK]."]}[command] + MODEL_FLAGS
+             "probe": ["probe", "--model", "org/p", "--text", "a [MASK]."],
+             "membership": ["membership", "--model", "org/p", "--tasks", "wikitext"]}[command] + MODEL_FLAGS
     expected = ModelSpec("org/p", "float32", "cpu", "v2", True, True, "8bit")
     seen = []
 
@@ -125,11 +127,12 @@ def test_every_command_that_loads_a_model_takes_the_same_model_flags(command, mo
 
     monkeypatch.setattr(raylm.corpus.run, "run_corpus", capture)
     monkeypatch.setattr(raylm.probe.run, "Prober", capture)
+    monkeypatch.setattr(raylm.contamination.membership_run, "run_membership", capture)
     if command == "eval":
         seen.append(config_from_args(build_parser().parse_args(asked)).model)
     else:
         with pytest.raises(Stop):
             main(asked)
-    assert (seen[0].model if command in ("ppl", "kl") else seen[0]) == expected
+    assert (seen[0].model if command in ("ppl", "kl", "membership") else seen[0]) == expected
     if command == "kl":
         assert seen[0].model_b == ModelSpec("org/q", "float32", "cpu", "v3", True, True, "8bit")

@@ -1,4 +1,4 @@
-"""lm-eval command lines run as `raylm eval` with `lm_eval` replaced and nothing else changed (raylm.cli_lmeval):
+"""lm-eval command lines run as `raylm eval` with `lm_eval` replaced and nothing else changed (raylm.cli.lmeval):
 each real lm-eval 0.4.13 line below is parsed by raylm's own parser into the settings lm-eval would run it with,
 and the lm-eval flags raylm has no equivalent for are refused by name, in one line, with exit status 2."""
 

@@ -34,7 +34,8 @@ from raylm.contamination.ngrams import normalize
 from raylm.contamination.report import contamination_dict, write_report
 from raylm.contamination.scan import NgramScan, ScanConfig, run_scan
 from raylm.errors import RaylmError
-from raylm.evaluate import clean_documents, evaluate
+from raylm.evaluate import evaluate
+from raylm.results.decontamination import clean_documents
 from raylm.results.contamination import CleanSets, query_digest
 from raylm.results.lock import LOCK_FILE
 from raylm.results.lmeval import results

@@ -20,9 +20,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 import tiny_families as fam
 from conftest import DATA, STORIES
+from task_requests import build_task_requests
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
-from raylm.evaluate import build_task_requests
 from raylm.models import devices
 from raylm.models.devices import Budget, input_device, plan_device_map
 from raylm.models.loading import load_model

@@ -305,7 +305,7 @@ def test_the_flag_reference_is_the_parsers_own():
 
 def test_the_lm_eval_flag_table_names_every_flag_raylm_renames_or_refuses():
     from raylm.cli import build_parser, eval_options
-    from raylm.cli_lmeval import REFUSED, RENAMED, translate
+    from raylm.cli.lmeval import REFUSED, RENAMED, translate
 
     section = (REPO / "docs" / "tasks.md").read_text().split("## lm-eval flags", 1)[1].split("\n## ", 1)[0]
     lm_eval_column = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `-")]

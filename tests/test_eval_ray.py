@@ -10,10 +10,11 @@ import sys
 import pytest
 import ray
 from conftest import DATA
+from task_requests import build_task_requests
 
 from raylm.cluster.runtime import start_actors
 from raylm.config import EvalConfig
-from raylm.evaluate import build_task_requests, evaluate
+from raylm.evaluate import evaluate
 from raylm.models.context import resolve_max_length
 from raylm.models.loading import load_config, load_tokenizer
 from raylm.models.spec import ModelSpec

@@ -12,6 +12,7 @@ import pytest
 import ray
 import ray.cloudpickle
 from conftest import DATA
+from task_requests import build_task_requests
 from transformers import AutoConfig
 
 from raylm.cluster.actors import ScoringActor
@@ -19,7 +20,7 @@ from raylm.cluster.runtime import ActorRecipe, LaunchedActors, start_actors
 from raylm.cluster.scheduler import run_shards
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError, RemoteError
-from raylm.evaluate import build_task_requests, evaluate
+from raylm.evaluate import evaluate
 from raylm.models.context import resolve_max_length
 from raylm.models.loading import load_tokenizer
 from raylm.models.spec import ModelSpec

@@ -13,12 +13,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from conftest import DATA, SHARED, STORIES
+from task_requests import build_task_requests
 
 from raylm.cluster.actors import score_shard
 from raylm.config import EvalConfig
 from raylm.data.rows import Row, read_jsonl
 from raylm.errors import RaylmError
-from raylm.evaluate import build_task_requests
 from raylm.models.context import resolve_max_length
 from raylm.models.loading import load_model, load_tokenizer
 from raylm.models.spec import ModelSpec

@@ -11,10 +11,10 @@ import json
 import numpy as np
 import pytest
 from conftest import DATA, GOLDEN, STORIES
+from task_requests import build_task_requests
 
 from raylm.cluster.actors import score_shard
 from raylm.config import EvalConfig
-from raylm.evaluate import build_task_requests
 from raylm.models.context import resolve_max_length
 from raylm.models.loading import load_model, load_tokenizer
 from raylm.models.spec import ModelSpec

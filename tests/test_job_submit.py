@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from task_requests import build_task_requests
 
 from raylm.cluster.actors import score_shard
 from raylm.config import EvalConfig
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
-from raylm.evaluate import build_task_requests
 from raylm.models.context import resolve_max_length
 from raylm.models.loading import load_model, load_tokenizer
 from raylm.models.spec import ModelSpec

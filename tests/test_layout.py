@@ -18,8 +18,8 @@ ALLOWED = {
     "cache": set(),  # where computed-once things are kept (lm-eval's task index, weight digests): below every stage
     "data": set(),
     "tasks": {"cache", "data"},
-    "requests": {"tasks"},
     "models": {"cache"},
+    "requests": {"models", "tasks"},  # the driver's encoder is built from a model's tokenizer and config
     "scoring": {"models", "requests"},
     "config": {"models", "requests", "tasks"},
     "results": {"config", "models", "requests", "tasks"},
@@ -32,8 +32,7 @@ ALLOWED = {
     # cluster) -> overlaps and clean sets (results); membership's driver sends task documents to corpus/'s model
     # actors, whose maths is scoring/'s (models: which model, pinned)
     "contamination": {"cluster", "config", "corpus", "models", "results", "scoring", "tasks"},
-    "cli_lmeval": {"config"},
-    "cli": {"cli_lmeval", "cluster", "config", "contamination", "corpus", "data", "evaluate", "models", "probe",
+    "cli": {"cluster", "config", "contamination", "corpus", "data", "evaluate", "models", "probe",
             "requests", "results", "scoring", "sweep", "tasks"},
     "api": {"cluster", "config", "models", "requests", "scoring", "tasks"},
     "__main__": {"cli"},

@@ -117,7 +117,9 @@ def test_unknown_name_is_refused_with_close_matches(name, close, local_tasks):
 def test_generate_until_is_refused_in_one_line(local_tasks, tmp_path):
     (tmp_path / "gen.yaml").write_text("task: gen_local\ndataset_path: arrow\noutput_type: generate_until\n"
                                        "doc_to_text: '{{question}}'\ndoc_to_target: '{{answer}}'\n")
-    (tmp_path / "group.yaml").write_text("group: mixed_local\ntask:\n  - gen_local\n")
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "group.yaml").write_text("group: mixed_local\ntask:\n  - gen_local\n")
     with pytest.raises(RaylmError, match=r"^lm-eval task 'gen_local' has output_type generate_until; raylm "
                                          r"scores likelihoods only \(multiple_choice, loglikelihood, "
                                          r"loglikelihood_rolling\)$"):
@@ -146,9 +148,9 @@ def test_without_the_tasks_extra_an_lm_eval_name_names_the_install_command(tmp_p
 
 def test_a_native_run_never_imports_lm_eval():
     probe = ("import sys\nfrom raylm.cli import build_parser, config_from_args\nfrom raylm.evaluate import "
-             "select_lmeval\nimport raylm.results.report, raylm.sweep.config\n"
+             "run_selection\nimport raylm.results.report, raylm.sweep.config\n"
              "cfg = config_from_args(build_parser().parse_args(['eval', '--demo']))\ncfg.validate()\n"
-             "assert select_lmeval(cfg) is None\nprint('lm_eval' in sys.modules)")
+             "assert run_selection(cfg) is None\nprint('lm_eval' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr[-2000:]
 
@@ -206,16 +208,30 @@ def test_the_task_config_is_part_of_the_request_tables_digest(local_tasks, tmp_p
 
 
 def test_a_native_task_reached_again_through_lm_eval_is_refused(tmp_path):
-    from raylm.config import EvalConfig
-    from raylm.evaluate import select_lmeval
+    """One rule (raylm.tasks.lmeval.selection.refuse_native_clash) for `raylm eval`, sweep files and `raylm
+    contamination`."""
+    from raylm.contamination.documents import load_scan_tasks
+    from raylm.data.demo import DEMO_DATA
+    from raylm.sweep.config import load_sweep
+    from raylm.tasks.lmeval.selection import select_lmeval
 
-    (tmp_path / "group.yaml").write_text("group: with_hellaswag\ntask:\n  - hellaswag\n  - arc_easy\n")
-    cfg = EvalConfig(ModelSpec(str(STORIES)), ("hellaswag", "with_hellaswag"), include_path=tmp_path)
-    with pytest.raises(RaylmError, match="^hellaswag: asked for as a native task and also reached through lm-eval's "
-                                         "with_hellaswag"):
-        select_lmeval(cfg)
-    assert select_lmeval(EvalConfig(ModelSpec(str(STORIES)), ("with_hellaswag",), include_path=tmp_path)).leaves == [
-        "hellaswag", "arc_easy"]
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "group.yaml").write_text("group: with_hellaswag\ntask:\n  - hellaswag\n  - arc_easy\n")
+    clash = "hellaswag: asked for as a native task and also reached through lm-eval's with_hellaswag; results would " \
+            "share a name (use the lm-eval task alone, or rename it)"
+    with pytest.raises(RaylmError) as raised:
+        select_lmeval(("hellaswag", "with_hellaswag"), tasks)
+    assert str(raised.value) == clash
+    assert select_lmeval(("with_hellaswag",), tasks).leaves == ["hellaswag", "arc_easy"]
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"models: [gpt2]\ntasks:\n  - hellaswag\n  - with_hellaswag\ninclude_path: {tasks}\n")
+    with pytest.raises(RaylmError) as raised:
+        load_sweep(sweep)
+    assert str(raised.value) == f"{sweep}: line 4: tasks: {clash}"
+    with pytest.raises(RaylmError) as raised:
+        load_scan_tasks(("hellaswag", "with_hellaswag"), DEMO_DATA, tasks, 2)
+    assert str(raised.value) == clash
 
 
 SHADOW = ("task: winogrande\ndataset_path: my/data\noutput_type: multiple_choice\ndoc_to_text: q\ndoc_to_target: 0\n"
@@ -225,21 +241,18 @@ SHADOW = ("task: winogrande\ndataset_path: my/data\noutput_type: multiple_choice
 def test_an_include_path_task_named_like_a_native_one_is_refused_not_shadowed(tmp_path):
     """lm-eval would score the YAML (include-path entries replace its own), raylm its native task: rather than
     pick one silently, both `raylm eval` and sweep files refuse the name, at its line in a sweep file."""
-    from raylm.config import EvalConfig
-    from raylm.evaluate import select_lmeval
-    from raylm.models.spec import ModelSpec
     from raylm.sweep.config import load_sweep
+    from raylm.tasks.lmeval.selection import select_lmeval
 
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     (tasks / "mine.yaml").write_text(SHADOW)
-    spec = ModelSpec("gpt2")
     with pytest.raises(RaylmError) as raised:
-        select_lmeval(EvalConfig(spec, ("hellaswag", "winogrande"), include_path=tasks))
+        select_lmeval(("hellaswag", "winogrande"), tasks)
     assert str(raised.value) == (f"'winogrande' is raylm's native task and also a task of --include-path "
                                  f"({tasks / 'mine.yaml'}); raylm would score its own and ignore yours: give yours "
                                  "another name (task: my_winogrande)")
-    assert select_lmeval(EvalConfig(spec, ("hellaswag",), include_path=tasks)) is None  # not asked for: no clash
+    assert select_lmeval(("hellaswag",), tasks) is None  # not asked for: no clash
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(f"models: [gpt2]\ntasks:\n  - hellaswag\n  - winogrande\ninclude_path: {tasks}\n")
     with pytest.raises(RaylmError, match=r"sweep.yaml: line 4: tasks: 'winogrande' is raylm's native task and also"):

@@ -16,9 +16,9 @@ from transformers import (
 )
 
 from raylm.errors import RaylmError
-from raylm.evaluate import driver_encoder
 from raylm.models.loading import load_model, masked_or_causal, resolve_scorer
 from raylm.models.spec import ModelSpec
+from raylm.requests.driver import driver_encoder
 from raylm.requests.encoding import Encoder
 from raylm.requests.masked import MaskedEncoder
 

@@ -12,14 +12,16 @@ import pytest
 import ray
 from conftest import DATA
 from reference_masked import reference_pll
+from task_requests import build_task_requests
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
 from raylm.cli import main
 from raylm.cluster.runtime import start_actors
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
-from raylm.evaluate import build_task_requests, driver_encoder, evaluate
+from raylm.evaluate import evaluate
 from raylm.models.spec import ModelSpec
+from raylm.requests.driver import driver_encoder
 from raylm.sweep.config import load_sweep
 from raylm.sweep.run import run_sweep
 from raylm.tasks.lmeval.build import load_and_build

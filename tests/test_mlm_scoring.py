@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import DATA
 from reference_masked import reference_pll
+from task_requests import build_task_requests
 from transformers import (
     AlbertConfig,
     AlbertForMaskedLM,
@@ -29,7 +30,6 @@ from transformers import (
 
 import raylm.requests.masked
 from raylm.config import EvalConfig
-from raylm.evaluate import build_task_requests
 from raylm.models.context import masked_max_length
 from raylm.models.spec import PLL_VARIANTS, ModelSpec
 from raylm.requests.masked import UNSCORED, MaskedEncoder

@@ -54,7 +54,7 @@ def test_max_length_shortens_the_context_everywhere_and_never_extends_it(tiny_gp
     the one resolver; longer than the model states is refused (GPT-2's position table would be indexed past)."""
     from raylm.corpus.run import model_max_length
     from raylm.errors import RaylmError
-    from raylm.evaluate import driver_encoder
+    from raylm.requests.driver import driver_encoder
     from raylm.models.context import context_length
 
     config = AutoConfig.from_pretrained(tiny_gpt2)
@@ -72,7 +72,7 @@ def test_driver_and_corpus_context_length_read_a_home_relative_model_dir(tiny_gp
     """Config, tokenizer and weights all load from the same expanded path; `~/model` once reached the config
     loader unexpanded and failed as a hub id."""
     from raylm.corpus.run import model_max_length
-    from raylm.evaluate import driver_encoder
+    from raylm.requests.driver import driver_encoder
 
     (tmp_path / "model").symlink_to(tiny_gpt2, target_is_directory=True)
     monkeypatch.setenv("HOME", str(tmp_path))

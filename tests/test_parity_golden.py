@@ -22,11 +22,12 @@ from parity_fixtures import ADAPTER, CHATML, GOLDEN_DIR, LLAMA3_STYLE, RUNS, STO
 
 from raylm.cluster.actors import score_shard
 from raylm.config import EvalConfig
-from raylm.evaluate import (build_lmeval_requests, driver_encoder, encode_task_requests, load_task_docs,
-                            prompt_format, select_lmeval)
+from raylm.evaluate import run_lmeval_requests, run_prompt, run_selection, run_task_docs
 from raylm.models.context import context_length
 from raylm.models.loading import load_config, load_model
 from raylm.models.spec import ModelSpec
+from raylm.requests.driver import driver_encoder
+from raylm.requests.native import encode_task_requests
 from raylm.results.lmeval import results, task_scores
 from raylm.results.metrics import choice_metrics
 from raylm.results.sums import shard_sums
@@ -68,13 +69,13 @@ def config(env, run: dict, model: str | None = None, **changes) -> EvalConfig:
 def raylm_run(cfg: EvalConfig, scorer: Scorer | None = None) -> dict:
     """raylm's requests (strings, token ids) and scores per golden task name, as `raylm eval` builds them."""
     encoder = driver_encoder(cfg.model)
-    prompt = prompt_format(cfg, encoder.tokenizer)
-    docs = load_task_docs(cfg)
+    prompt = run_prompt(cfg, encoder.tokenizer)
+    docs = run_task_docs(cfg)
     tables = encode_task_requests(docs, encoder, prompt)
     built = None
-    selection = select_lmeval(cfg)
+    selection = run_selection(cfg)
     if selection is not None:
-        built, lmeval_tables = build_lmeval_requests(cfg, selection, encoder, prompt)
+        built, lmeval_tables = run_lmeval_requests(cfg, selection, encoder, prompt)
         tables.update(lmeval_tables)
     if scorer is None:
         config_ = load_config(cfg.model)

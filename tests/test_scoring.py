@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import DATA
 from reference import float64_copy, reference_score
+from task_requests import build_task_requests
 from transformers import AutoModelForCausalLM
 
 from raylm.config import EvalConfig
-from raylm.evaluate import build_task_requests
 from raylm.models.context import resolve_max_length
 from raylm.models.loading import load_tokenizer
 from raylm.models.spec import ModelSpec

@@ -141,10 +141,9 @@ def test_a_task_with_no_documents_is_one_line_not_a_division_by_zero(monkeypatch
     from dataclasses import replace
 
     import raylm.tasks
-    from raylm.config import EvalConfig
     from raylm.errors import RaylmError
-    from raylm.evaluate import load_task_docs
+    from raylm.tasks.native import load_task_docs
 
     monkeypatch.setitem(raylm.tasks.TASKS, "hellaswag", replace(hellaswag.TASK, load_docs=lambda data_dir: []))
     with pytest.raises(RaylmError, match=r"^hellaswag: no documents to evaluate \(the hub gave none\)$"):
-        load_task_docs(EvalConfig(ModelSpec(str(STORIES)), ("hellaswag",)))
+        load_task_docs(("hellaswag",), None)

@@ -14,6 +14,7 @@ from pathlib import Path
 from raylm.config import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED
 from raylm.errors import RaylmError
 from raylm.tasks import TASKS
+from raylm.tasks.lmeval.selection import refuse_native_clash
 from raylm.tasks.queries import QUERY_RULES, native_queries
 
 SEEDS = (DEFAULT_RANDOM_SEED, DEFAULT_OTHER_SEED, DEFAULT_OTHER_SEED)
@@ -62,10 +63,7 @@ def _add_lmeval(out: ScanTasks, names: tuple[str, ...], include_path: Path | Non
     from raylm.tasks.lmeval.queries import document_queries, query_rule
 
     selection = select(names, include_path)
-    clash = sorted(set(selection.leaves) & set(out.tasks))
-    if clash:
-        raise RaylmError(f"{', '.join(clash)}: asked for as a native task and also reached through lm-eval's "
-                         f"{', '.join(names)}; results would share a name (use the lm-eval task alone, or rename it)")
+    refuse_native_clash([*out.tasks, *names], selection.leaves)
     with LMEVAL_LOCK:
         seed_globals(*SEEDS)
         loaded = load(selection)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Sequence
 
 import pyarrow as pa
 from lm_eval.utils import handle_non_serializable
@@ -23,6 +24,8 @@ from lm_eval.utils import handle_non_serializable
 from raylm.errors import RaylmError
 from raylm.requests.encoding import Encoder
 from raylm.requests.masked import MaskedEncoder, MaskedRequest
+from raylm.requests.native import Tables
+from raylm.requests.shards import LMEVAL_KIND
 from raylm.requests.table import (
     Request as Encoded,
     request_tokens,
@@ -31,7 +34,10 @@ from raylm.requests.table import (
     warn_truncated,
     with_masked_columns,
 )
-from raylm.tasks.lmeval.build import Built, Request
+from raylm.tasks.lmeval.build import Built, Request, load_and_build
+from raylm.tasks.lmeval.names import Selection
+from raylm.tasks.lmeval.selection import refuse_native_clash
+from raylm.tasks.prompt import PLAIN, PromptFormat
 
 SCHEMA = pa.schema([
     ("doc_id", pa.int64()),
@@ -136,3 +142,15 @@ def request_tables(built: Built, encoder: Encoder | MaskedEncoder) -> dict[str, 
     if problems:
         raise RaylmError(describe_problems(problems, encoder.max_length))
     return tables
+
+
+def build_lmeval_requests(selection: Selection, encoder: Encoder | MaskedEncoder, prompt: PromptFormat = PLAIN, *,
+                          tasks: Sequence[str], seeds: Sequence[int | None], num_fewshot: int | None = None,
+                          limit: int | float | None = None, samples: dict[str, list[int]] | None = None
+                          ) -> tuple[Built, Tables]:
+    """lm-eval's tasks loaded, their requests built in lm-eval's order and seeding, and tokenised into tables.
+    `tasks` is every name the run asks for, native ones too (a built task that clashes with one is refused); the
+    keywords are EvalConfig's."""
+    built = load_and_build(selection, seeds, num_fewshot, limit, samples, prompt)
+    refuse_native_clash(tasks, built.tasks["tasks"])
+    return built, {name: (LMEVAL_KIND, table) for name, table in request_tables(built, encoder).items()}

@@ -33,6 +33,7 @@ from raylm.models.spec import (
     looks_local,
 )
 from raylm.tasks import TASKS
+from raylm.tasks.lmeval.selection import refuse_native_clash
 
 PACKAGED = "raylm:demo"  # the packaged stories260K model (as a model path) or the packaged data (as data_dir)
 TOP_KEYS = ("models", "tasks", "settings", "data_dir", "include_path", "seed", "device", "actors_per_model", "num_gpus",
@@ -171,9 +172,8 @@ def _tasks(r: NodeReader, node: yaml.Node, include_path: Path | None) -> tuple[s
 
         r.checked(lmeval[0][0], "tasks", require_lm_eval, [name for _, name in lmeval])
     for item, name in lmeval:
-        clash = sorted(native & set(_lmeval_leaves(r, item, name, include_path)))
-        if clash:
-            raise r.fail(item, "tasks", f"{name!r} reaches {', '.join(clash)}, also asked for as a native task")
+        leaves = _lmeval_leaves(r, item, name, include_path)
+        r.checked(item, "tasks", lambda n: refuse_native_clash([*sorted(native), n], leaves), name)
     return tuple(name for _, name in items)
 
 

@@ -1,0 +1,59 @@
+"""`raylm ppl` and `raylm kl`: perplexity and KL divergence over streamed corpora (raylm.corpus.run)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from raylm.cli.options import add_model_options, add_scorer_options, model_spec
+from raylm.corpus import SCORING_DOCS_PER_BATCH
+from raylm.corpus.read import FORMATS as CORPUS_FORMATS
+from raylm.models.spec import PLL_VARIANTS
+from raylm.results.report import prepare_output
+
+
+def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
+    ppl = sub.add_parser("ppl", help="perplexity of a model over a corpus (Parquet, JSONL or text), streamed")
+    kl = sub.add_parser("kl", help="mean KL(P||Q) per token between --model (P) and --model-b (Q) over a corpus")
+    kl.add_argument("--model-b", required=True, help="hub id or local directory of Q (same tokenizer as P)")
+    kl.add_argument("--model-b-revision", help="Q's revision on the hub (--revision is P's; the other model flags "
+                                               "apply to both)")
+    for p in (ppl, kl):
+        p.add_argument("--model", required=True, help="hub id or local directory")
+        p.add_argument("--data", required=True, help="file, directory or glob; local or any pyarrow filesystem URI")
+        p.add_argument("--format", dest="fmt", default="auto", choices=list(CORPUS_FORMATS),
+                       help="auto: from the file extension; txt is one document per non-empty line")
+        p.add_argument("--text-column", default="text", help="column holding the documents (Parquet, JSONL)")
+        p.add_argument("--max-length", type=int, help="tokens per window (default and upper bound: the model's)")
+        p.add_argument("--stride", type=int, help="new tokens scored per window (default: max length, disjoint)")
+        p.add_argument("--actors", type=int, help="model actors (default: one per GPU the cluster has or can grow "
+                       "to, up to 16; else one on CPU)")
+        p.add_argument("--limit-docs", type=int, help="first N documents only")
+        p.add_argument("--docs-per-batch", type=int, default=SCORING_DOCS_PER_BATCH)
+        add_model_options(p)
+        p.add_argument("--output", type=Path, default=Path("raylm-out") / p.prog.split()[-1],
+                       help="directory for results.json (default: raylm-out/ppl or raylm-out/kl)")
+        p.add_argument("--no-progress", action="store_true")
+        p.set_defaults(run=run_corpus_command)
+    add_scorer_options(ppl)
+
+
+def run_corpus_command(args: argparse.Namespace) -> int:
+    from raylm.corpus.run import CorpusConfig, run_corpus
+
+    spec_b = model_spec(args, args.model_b, args.model_b_revision) if args.command == "kl" else None
+    spec = model_spec(args, args.model, args.revision, scorer=getattr(args, "scorer", "auto"),
+                      pll=getattr(args, "pll", PLL_VARIANTS[0]))
+    cfg = CorpusConfig(spec, args.data, spec_b, args.fmt, args.text_column,
+                       args.max_length, args.stride, args.actors, args.limit_docs, args.docs_per_batch,
+                       not args.no_progress)
+    cfg.validate()
+    prepare_output(args.output)
+    result = run_corpus(cfg, args.output)
+    for key, value in result.metrics.items():
+        print(f"{args.command:<4} {key:<24} {value:>16.6f}" if isinstance(value, float) else
+              f"{args.command:<4} {key:<24} {value:>16d}")
+    if result.scorer == "mlm":
+        print(f"pseudo-perplexities of a masked LM ({args.pll} PLL): not comparable with a causal LM's perplexity")
+    print(f"wall time {result.wall_s:.1f} s; results written to {args.output / 'results.json'}")
+    return 0

@@ -1,0 +1,42 @@
+"""Options shared by the commands: how a model is loaded and scored, and where a command's output goes."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from raylm.models.spec import DTYPES, PLL_VARIANTS, SCORERS, ModelSpec
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """How a model is loaded, the same flags on every command that loads one (eval, ppl, kl, probe, membership)."""
+    parser.add_argument("--dtype", default="auto", choices=list(DTYPES))
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--revision", help="model revision on the hub (branch, tag or commit)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with the model")
+    parser.add_argument("--allow-pickle", action="store_true",
+                        help="allow loading pickle weights (pytorch_model.bin) when a model has no safetensors")
+    quant = parser.add_mutually_exclusive_group()
+    quant.add_argument("--load-in-4bit", action="store_true", help="nf4 weights via bitsandbytes")
+    quant.add_argument("--load-in-8bit", action="store_true", help="LLM.int8 weights via bitsandbytes")
+
+
+def model_spec(args: argparse.Namespace, path: str, revision: str | None, **fields: object) -> ModelSpec:
+    """A ModelSpec from add_model_options' flags (and a command's own `fields`: scorer, PLL, max length)."""
+    quantization = "4bit" if args.load_in_4bit else "8bit" if args.load_in_8bit else None
+    return ModelSpec(path, args.dtype, args.device, revision, args.trust_remote_code, args.allow_pickle,
+                     quantization, **fields)
+
+
+def add_scorer_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scorer", default="auto", choices=list(SCORERS),
+                        help="causal LM or masked LM (pseudo-log-likelihood); auto: from the model's config")
+    parser.add_argument("--pll", default=PLL_VARIANTS[0], choices=list(PLL_VARIANTS),
+                        help="a masked LM's PLL: original (Salazar et al.) or word-l2r (Kauf & Ivanova)")
+
+
+def output_dir(args: argparse.Namespace) -> Path:
+    if args.command == "sweep":
+        return args.output or Path("raylm-sweeps") / args.file.stem
+    return args.output
+
