@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from raylm.corpus.read import DEFAULT_DOCS_PER_BATCH, FORMATS as CORPUS_FORMATS
-from raylm.results.atomic import write_atomic
+from raylm.storage.atomic import write_atomic
 from raylm.errors import RaylmError, RemoteError
 from raylm.cli_lmeval import PairsAction, apply_model_args, parse_pairs, read_samples, translate
 from raylm.config import (DEFAULT_BOOTSTRAP_ITERS, DEFAULT_FEWSHOT_SEED, DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED,
@@ -17,8 +17,8 @@ from raylm.config import (DEFAULT_BOOTSTRAP_ITERS, DEFAULT_FEWSHOT_SEED, DEFAULT
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.evaluate import evaluate
 from raylm.models.spec import DTYPES, PLL_VARIANTS, SCORERS, ModelSpec
-from raylm.results.lock import output_lock
-from raylm.results.ownership import check_results_owner
+from raylm.storage.lock import output_lock
+from raylm.storage.ownership import check_results_owner
 from raylm.results.report import format_table, prepare_output, write_results, write_samples
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS
 from raylm.tasks import TASKS

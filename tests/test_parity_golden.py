@@ -29,8 +29,8 @@ from raylm.models.loading import load_config, load_model
 from raylm.models.spec import ModelSpec
 from raylm.results.lmeval import results, task_scores
 from raylm.results.metrics import choice_metrics
-from raylm.results.sums import shard_sums
 from raylm.scoring.scorer import Scorer
+from raylm.scoring.sums import shard_sums
 from raylm.tasks import get_task
 from raylm.tasks.prompt import render
 

@@ -29,8 +29,9 @@ from raylm.errors import RaylmError
 from raylm.models.identity import adapter_digest, model_digest
 from raylm.models.spec import ModelSpec
 from raylm.requests.shards import Shard
-from raylm.results.atomic import write_atomic
-from raylm.results.ownership import (
+from raylm.scoring.sums import shard_sums
+from raylm.storage.atomic import write_atomic
+from raylm.storage.ownership import (
     CHECKPOINT_DIR,
     MANIFEST,
     RESULTS,
@@ -38,11 +39,10 @@ from raylm.results.ownership import (
     remove_raylm_files,
     results_kind,
 )
-from raylm.results.sums import shard_sums
 
 log = logging.getLogger(__name__)
 
-_PID_KEY = b"raylm.pid"  # also what marks a shard file as raylm's (raylm.results.ownership)
+_PID_KEY = b"raylm.pid"  # also what marks a shard file as raylm's (raylm.storage.ownership)
 _PREFIX_SHARING_KEY = b"raylm.prefix_sharing"
 _DEVICE_KEY = b"raylm.device"
 _DTYPE_KEY = b"raylm.dtype"

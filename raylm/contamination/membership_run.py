@@ -33,9 +33,9 @@ from raylm.corpus.run import model_max_length
 from raylm.errors import RaylmError
 from raylm.models.identity import pin_revision, scored_commit
 from raylm.models.spec import ModelSpec
-from raylm.results.atomic import write_atomic
-from raylm.results.ownership import is_raylm_parquet, results_kind, tagged
 from raylm.results.report import run_config
+from raylm.storage.atomic import write_atomic
+from raylm.storage.ownership import is_raylm_parquet, results_kind, tagged
 
 MEMBERSHIP_JSON = "membership.json"
 MEMBERSHIP_PARQUET = "membership.parquet"

@@ -16,9 +16,9 @@ from typing import Any
 import raylm
 from raylm.contamination.scan import MATCHES, ScanResult
 from raylm.errors import RaylmError
-from raylm.results.atomic import write_atomic
 from raylm.results.contamination import CONTAMINATION_JSON, query_digest
-from raylm.results.ownership import is_raylm_parquet, results_kind
+from raylm.storage.atomic import write_atomic
+from raylm.storage.ownership import is_raylm_parquet, results_kind
 
 CHART = "contamination.png"
 

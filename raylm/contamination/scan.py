@@ -31,7 +31,7 @@ from raylm.contamination import DEFAULT_DOCS_PER_BATCH, DEFAULT_NGRAM
 from raylm.contamination.ngrams import NgramFilter, NgramIndex, TaskDocument, words
 from raylm.corpus.read import FORMATS, document_texts, read_corpus
 from raylm.errors import RaylmError
-from raylm.results.ownership import tagged_schema
+from raylm.storage.ownership import tagged_schema
 
 MATCHES = "matches.parquet"
 READ_CPUS = 1.0  # kept free of scanning actors for Ray Data's read tasks
