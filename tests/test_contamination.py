@@ -317,7 +317,7 @@ def test_cli_prints_the_table_writes_the_chart_and_keeps_what_is_not_its_own(cor
     foreign.mkdir()
     (foreign / "contamination.json").write_text('{"mine": true}')
     proc = run_cli(*args[:-3], "--output", str(foreign), "--no-progress")
-    assert proc.returncode == 2 and "was not written by `raylm contamination`" in proc.stderr
+    assert proc.returncode == 2 and "was not written by raylm" in proc.stderr
     assert (foreign / "contamination.json").read_text() == '{"mine": true}'
 
 

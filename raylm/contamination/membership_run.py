@@ -35,7 +35,7 @@ from raylm.models.identity import pin_revision, scored_commit
 from raylm.models.spec import ModelSpec
 from raylm.results.report import run_config
 from raylm.storage.atomic import write_atomic
-from raylm.storage.ownership import is_raylm_parquet, results_kind, tagged
+from raylm.storage.ownership import check_results_owner, tagged
 
 MEMBERSHIP_JSON = "membership.json"
 MEMBERSHIP_PARQUET = "membership.parquet"
@@ -104,12 +104,7 @@ class DocMembership(DeferredStartup):
 
 
 def check_output(out_dir: Path) -> None:
-    path = out_dir / MEMBERSHIP_JSON
-    if path.exists() and results_kind(path) != "membership":
-        raise RaylmError(f"'{path}' was not written by `raylm membership`; use another --output")
-    rows = out_dir / MEMBERSHIP_PARQUET
-    if rows.exists() and not is_raylm_parquet(rows):
-        raise RaylmError(f"'{rows}' was not written by raylm; use another --output")
+    check_results_owner(out_dir, "membership", MEMBERSHIP_JSON, (MEMBERSHIP_PARQUET,))
 
 
 def run_membership(cfg: MembershipConfig, out_dir: Path) -> dict[str, Any]:

@@ -15,23 +15,15 @@ from typing import Any
 
 import raylm
 from raylm.contamination.scan import MATCHES, ScanResult
-from raylm.errors import RaylmError
 from raylm.results.contamination import CONTAMINATION_JSON, query_digest
 from raylm.storage.atomic import write_atomic
-from raylm.storage.ownership import is_raylm_parquet, results_kind
+from raylm.storage.ownership import check_results_owner
 
 CHART = "contamination.png"
 
 
 def check_output(out_dir: Path) -> None:
-    """A rerun replaces its own scan; a contamination.json or matches.parquet raylm did not write, or another
-    command's, stays (refused before any work)."""
-    path = out_dir / CONTAMINATION_JSON
-    if path.exists() and results_kind(path) != "contamination":
-        raise RaylmError(f"'{path}' was not written by `raylm contamination`; use another --output")
-    matches = out_dir / MATCHES
-    if matches.exists() and not is_raylm_parquet(matches):
-        raise RaylmError(f"'{matches}' was not written by raylm; use another --output")
+    check_results_owner(out_dir, "contamination", CONTAMINATION_JSON, (MATCHES,))
 
 
 def _fraction(part: int, whole: int) -> float:
