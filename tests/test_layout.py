@@ -15,7 +15,7 @@ RAYLM = Path(__file__).resolve().parents[1] / "raylm"
 
 # The data path, first to last: a package may import only packages before it (tests below check the table too).
 STAGES = ("storage", "cache", "data", "tasks", "requests", "models", "scoring", "config", "cluster", "results",
-          "corpus", "evaluate", "sweep", "probe", "contamination", "cli_lmeval", "cli", "api", "__main__")
+          "corpus", "evaluate", "sweep", "probe", "contamination", "cli_lmeval", "cli", "api", "lm_eval", "__main__")
 
 # package -> the raylm packages it imports (besides itself and errors): exactly those, so the table says what the
 # code does. Top-level modules are named bare.
@@ -41,6 +41,7 @@ ALLOWED = {
     "cli": {"cli_lmeval", "cluster", "config", "contamination", "corpus", "data", "evaluate", "models", "probe",
             "requests", "results", "storage", "sweep", "tasks"},
     "api": {"cluster", "config", "models", "requests", "tasks"},
+    "lm_eval": {"api"},  # the Python API's earlier home, kept for old scripts (deprecated)
     "__main__": {"cli"},
 }
 RAY_USERS = {"cluster", "corpus", "contamination"}
