@@ -1,12 +1,12 @@
 """raylm's actors under lm-eval's Python API: an `lm_eval.api.model.LM` whose likelihoods are scored on Ray.
 
     import lm_eval
-    from raylm.api import RayLM
+    from raylm import RayLM
 
     with RayLM(pretrained="EleutherAI/pythia-160m", actors=4) as lm:
         results = lm_eval.simple_evaluate(model=lm, tasks=["arc_easy", "mmlu"])
 
-Importing this module also registers the class as lm-eval's model "raylm", so
+`from raylm import RayLM` imports this module, which also registers the class as lm-eval's model "raylm", so
 `simple_evaluate(model="raylm", model_args="pretrained=...,actors=4")` works too. Everything but the model calls
 stays lm-eval's (task loading, prompts, metrics); the calls are tokenised as HFLM tokenises them, cut into shards
 and scored by model-resident actors, surviving dead actors as `raylm eval` does. `generate_until` is refused:
@@ -28,14 +28,14 @@ from raylm.cluster.runtime import LaunchedActors, connect, local_cpus_needed, pl
 from raylm.cluster.scheduler import score_shards
 from raylm.config import parse_batch_size
 from raylm.errors import RaylmError
-from raylm.requests.encoding import Encoder
+from raylm.models.chat import ChatTemplate
 from raylm.models.context import context_length
 from raylm.models.identity import pin_revision, scored_commit
+from raylm.models.loading import load_config, load_tokenizer, resolve_scorer
+from raylm.models.spec import ModelSpec, check_model_path
+from raylm.requests.encoding import Encoder
 from raylm.requests.lmeval import describe_problems, request_table
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS, LMEVAL_KIND, make_shards
-from raylm.models.spec import ModelSpec, check_model_path
-from raylm.models.chat import ChatTemplate
-from raylm.models.loading import load_config, load_tokenizer, resolve_scorer
 from raylm.tasks.lmeval.build import Request
 
 

@@ -40,9 +40,10 @@ from raylm.requests.shards import LMEVAL_KIND, Shard, make_shards
 from raylm.results.contamination import CleanSets, read_scan
 from raylm.results.decontamination import clean_documents, native_decontaminated
 from raylm.results.metrics import choice_metrics, rolling_metrics
-from raylm.results.lock import output_lock
 from raylm.results.report import EvalResult, TaskResult, prefix_sharing, run_summary, token_counts
 from raylm.results.sums import merge
+from raylm.scoring.sums import shard_sums
+from raylm.storage.lock import output_lock
 from raylm.tasks import get_task
 from raylm.tasks.lmeval.selection import select_lmeval
 from raylm.tasks.native import TaskDocs, load_task_docs
@@ -148,7 +149,7 @@ def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
     """Run every task of cfg on the given actors (or on new ones, started and released here).
 
     With cfg.output, finished shards are checkpointed there and a rerun scores only the missing ones; the
-    directory's lock (raylm.results.lock) is held meanwhile, so a second run there stops at once. A dead
+    directory's lock (raylm.storage.lock) is held meanwhile, so a second run there stops at once. A dead
     actor is replaced; in a caller's `actors` list it is swapped for its replacement, so the list stays usable.
     `on_shard` runs on the driver after each shard is scored and checkpointed (progress hooks, fault drills).
     """

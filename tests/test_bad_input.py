@@ -11,7 +11,7 @@ from conftest import GPT2_TOKENIZER
 
 from raylm.cli import main
 from raylm.cluster.checkpoint import CHECKPOINT_DIR, MANIFEST
-from raylm.results.lock import LOCK_FILE
+from raylm.storage.lock import LOCK_FILE
 
 HS = {"activity_label": "A", "ctx_a": "b", "ctx_b": "c", "endings": ["x", "y"], "label": 1}
 WG = {"sentence": "a _ b", "option1": "x", "option2": "y", "answer": "1"}

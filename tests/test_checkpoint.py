@@ -20,8 +20,8 @@ from raylm.models.spec import ModelSpec
 from raylm.cluster.scored import ScoredShard
 from raylm.errors import RaylmError
 from raylm.requests.shards import Shard
-from raylm.results.ownership import tagged
-from raylm.results.sums import shard_sums
+from raylm.storage.ownership import tagged
+from raylm.scoring.sums import shard_sums
 
 REQUESTS = pa.table({"doc_id": [0, 0, 1, 1], "req_idx": [0, 1, 0, 1], "gold": [1, 1, 0, 0], "norm_len": [3, 4, 5, 6]})
 SHARDS = [Shard("hellaswag", "multiple_choice", 0, REQUESTS.slice(0, 2)),

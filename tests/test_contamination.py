@@ -37,7 +37,7 @@ from raylm.errors import RaylmError
 from raylm.evaluate import evaluate
 from raylm.results.decontamination import clean_documents
 from raylm.results.contamination import CleanSets, query_digest
-from raylm.results.lock import LOCK_FILE
+from raylm.storage.lock import LOCK_FILE
 from raylm.results.lmeval import results
 from raylm.results.report import results_dict
 from raylm.models.spec import ModelSpec
@@ -319,7 +319,7 @@ def test_cli_prints_the_table_writes_the_chart_and_keeps_what_is_not_its_own(cor
     foreign.mkdir()
     (foreign / "contamination.json").write_text('{"mine": true}')
     proc = run_cli(*args[:-3], "--output", str(foreign), "--no-progress")
-    assert proc.returncode == 2 and "was not written by `raylm contamination`" in proc.stderr
+    assert proc.returncode == 2 and "was not written by raylm" in proc.stderr
     assert (foreign / "contamination.json").read_text() == '{"mine": true}'
 
 

@@ -20,7 +20,7 @@ from raylm.corpus.run import CorpusConfig, results_dict, run_corpus
 from raylm.errors import RaylmError
 from raylm.evaluate import evaluate
 from raylm.models.spec import ModelSpec
-from raylm.results.ownership import is_raylm_parquet
+from raylm.storage.ownership import is_raylm_parquet
 from raylm.tasks.wikitext import load_docs as wikitext_docs
 
 COUNTS = ("docs", "tokens", "words", "bytes", "chars")

@@ -21,7 +21,8 @@ from raylm.models.spec import ModelSpec
 from raylm.requests.encoding import Encoder
 from raylm.results.metrics import choice_metrics, rolling_metrics
 from raylm.results.report import results_dict
-from raylm.results.sums import merge, shard_sums
+from raylm.results.sums import merge
+from raylm.scoring.sums import shard_sums
 from raylm.tasks import get_task
 
 TASKS = ("hellaswag", "winogrande", "wikitext")

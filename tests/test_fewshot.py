@@ -24,9 +24,9 @@ from raylm.models.loading import load_model, load_tokenizer
 from raylm.models.spec import ModelSpec
 from raylm.requests.encoding import Encoder
 from raylm.results.metrics import choice_metrics
-from raylm.results.predictions import choice_predictions
-from raylm.results.sums import shard_sums
+from raylm.scoring.predictions import choice_predictions
 from raylm.scoring.scorer import Scorer
+from raylm.scoring.sums import shard_sums
 from raylm.tasks import hellaswag, winogrande
 from raylm.tasks.base import with_fewshot
 

@@ -20,7 +20,7 @@ from raylm.models.loading import load_model, load_tokenizer
 from raylm.models.spec import ModelSpec
 from raylm.requests.encoding import Encoder
 from raylm.results.metrics import choice_metrics, rolling_metrics
-from raylm.results.predictions import choice_predictions
+from raylm.scoring.predictions import choice_predictions
 from raylm.scoring.scorer import Scorer
 from raylm.tasks import get_task
 

@@ -13,28 +13,35 @@ import pytest
 
 RAYLM = Path(__file__).resolve().parents[1] / "raylm"
 
-# package -> the raylm packages it may import (besides itself and errors). Top-level modules are named bare.
+# The data path, first to last: a package may import only packages before it (tests below check the table too).
+STAGES = ("storage", "cache", "data", "tasks", "models", "requests", "scoring", "config", "cluster", "results",
+          "corpus", "evaluate", "sweep", "probe", "contamination", "cli", "api", "lm_eval", "__main__")
+
+# package -> the raylm packages it imports (besides itself and errors): exactly those, so the table says what the
+# code does. Top-level modules are named bare.
 ALLOWED = {
+    "storage": set(),  # where outputs live (atomic writes, the output lock, ownership): below every stage that writes
     "cache": set(),  # where computed-once things are kept (lm-eval's task index, weight digests): below every stage
     "data": set(),
     "tasks": {"cache", "data"},
     "models": {"cache"},
     "requests": {"models", "tasks"},  # the driver's encoder is built from a model's tokenizer and config
-    "scoring": {"models", "requests"},
+    "scoring": {"models", "requests"},  # and a scored shard's predictions and sums, which its actor computes
     "config": {"models", "requests", "tasks"},
-    "results": {"config", "models", "requests", "tasks"},
-    "cluster": {"models", "requests", "results", "scoring"},
-    "corpus": {"cluster", "data", "models", "requests", "results", "scoring"},
-    "evaluate": {"cluster", "config", "models", "requests", "results", "scoring", "tasks"},
-    "sweep": {"cluster", "config", "data", "evaluate", "models", "results", "scoring", "tasks"},
-    "probe": {"data", "models", "results", "scoring"},
+    "cluster": {"models", "requests", "scoring", "storage"},
+    "results": {"config", "models", "requests", "scoring", "storage", "tasks"},
+    "corpus": {"cluster", "models", "requests", "results", "scoring", "storage"},
+    "evaluate": {"cluster", "config", "models", "requests", "results", "scoring", "storage", "tasks"},
+    "sweep": {"cluster", "config", "data", "evaluate", "models", "results", "scoring", "storage", "tasks"},
+    "probe": {"data", "models", "results", "scoring", "storage"},
     # a corpus job beside corpus/: task queries (tasks) -> n-grams -> a corpus streamed by Ray Data (corpus,
     # cluster) -> overlaps and clean sets (results); membership's driver sends task documents to corpus/'s model
     # actors, whose maths is scoring/'s (models: which model, pinned)
-    "contamination": {"cluster", "config", "corpus", "models", "results", "scoring", "tasks"},
+    "contamination": {"cluster", "config", "corpus", "models", "results", "scoring", "storage", "tasks"},
     "cli": {"cluster", "config", "contamination", "corpus", "data", "evaluate", "models", "probe",
-            "requests", "results", "scoring", "sweep", "tasks"},
-    "api": {"cluster", "config", "models", "requests", "scoring", "tasks"},
+            "requests", "results", "storage", "sweep", "tasks"},
+    "api": {"cluster", "config", "models", "requests", "tasks"},
+    "lm_eval": {"api"},  # the Python API's earlier home, kept for old scripts (deprecated)
     "__main__": {"cli"},
 }
 RAY_USERS = {"cluster", "corpus", "contamination"}
@@ -70,14 +77,29 @@ def test_each_module_imports_only_earlier_stages(package, path):
 
 
 def test_every_package_is_covered():
-    assert {package for package, _ in modules()} == set(ALLOWED)
+    assert {package for package, _ in modules()} == set(ALLOWED) == set(STAGES)
+
+
+@pytest.mark.parametrize("package", STAGES)
+def test_no_package_may_import_a_later_stage(package):
+    later = ALLOWED[package] & set(STAGES[STAGES.index(package):])
+    assert not later, f"{package} is allowed to import {later}, which come after it"
+
+
+def test_the_table_allows_only_imports_in_use():
+    """A permission no module uses is a door left open: the next upward import would pass unnoticed."""
+    used: dict[str, set[str]] = {package: set() for package in ALLOWED}
+    for package, path in modules():
+        used[package] |= {n.split(".")[1] for n in imported(path) if n.startswith("raylm.")} - {package, "errors"}
+    unused = {package: allowed - used[package] for package, allowed in ALLOWED.items() if allowed - used[package]}
+    assert not unused, f"ALLOWED grants imports no module makes: {unused}"
 
 
 def test_scoring_runs_without_ray_installed():
     """The scorer is plain torch: importable, and usable, in a process where `import ray` fails."""
     probe = ("import sys; sys.modules['ray'] = None\n"
              "import raylm.scoring.scorer, raylm.scoring.kl, raylm.models.loading, raylm.scoring.packing, "
-             "raylm.scoring.mlm, raylm.scoring.membership\n"
+             "raylm.scoring.mlm, raylm.scoring.membership, raylm.scoring.sums\n"
              "print('ok')")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

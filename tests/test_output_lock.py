@@ -17,12 +17,12 @@ import pytest
 from raylm.cli import main
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.errors import RaylmError
-from raylm.results.lock import LOCK_FILE, output_lock
+from raylm.storage.lock import LOCK_FILE, output_lock
 
 REPO = Path(__file__).resolve().parents[1]
 HOLD = ("import sys, time\n"
         "from pathlib import Path\n"
-        "from raylm.results.lock import output_lock\n"
+        "from raylm.storage.lock import output_lock\n"
         "with output_lock(Path(sys.argv[1])):\n"
         "    print('held', flush=True)\n"
         "    time.sleep(120)\n")

@@ -30,8 +30,8 @@ from raylm.requests.driver import driver_encoder
 from raylm.requests.native import encode_task_requests
 from raylm.results.lmeval import results, task_scores
 from raylm.results.metrics import choice_metrics
-from raylm.results.sums import shard_sums
 from raylm.scoring.scorer import Scorer
+from raylm.scoring.sums import shard_sums
 from raylm.tasks import get_task
 from raylm.tasks.prompt import render
 

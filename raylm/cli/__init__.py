@@ -20,7 +20,7 @@ from raylm.cli.options import output_dir
 from raylm.cli.probe import add_probe_command
 from raylm.cli.sweep import add_sweep_command
 from raylm.errors import RaylmError, RemoteError
-from raylm.results.atomic import write_atomic
+from raylm.storage.atomic import write_atomic
 
 # What callers (tests, benchmarks, the entry point) import from raylm.cli, wherever it is defined.
 __all__ = ["DEFAULT_SEEDS", "ERROR_LOG", "build_parser", "config_from_args", "error_message", "eval_options",

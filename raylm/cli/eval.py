@@ -14,7 +14,7 @@ from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.errors import RaylmError
 from raylm.evaluate import evaluate
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS
-from raylm.results.lock import output_lock
+from raylm.storage.lock import output_lock
 from raylm.results.report import format_table, prepare_output, write_results, write_samples
 from raylm.tasks import TASKS
 

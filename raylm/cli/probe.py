@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 from raylm.cli.options import add_model_options, model_spec
-from raylm.results.lock import output_lock
-from raylm.results.ownership import check_results_owner
+from raylm.storage.lock import output_lock
+from raylm.storage.ownership import check_results_owner
 from raylm.results.report import prepare_output
 
 

@@ -27,10 +27,10 @@ from raylm.models.loading import load_config, load_model, resolve_scorer
 from raylm.models.spec import ModelSpec
 from raylm.requests.masked import UNSCORED
 from raylm.requests.table import MASKED_COLUMNS
-from raylm.results.sums import shard_sums
 from raylm.scoring.mlm import MASKED_PREFIX_SHARING, MaskedScorer
 from raylm.scoring.scorer import RequestDoesNotFit, Scorer
 from raylm.scoring.startup_check import REAL_REQUESTS, checked_plan
+from raylm.scoring.sums import shard_sums
 
 
 def score_shard(scorer: Scorer | MaskedScorer, kind: str, shard: pa.Table) -> ScoredShard:

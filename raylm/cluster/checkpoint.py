@@ -33,20 +33,13 @@ from raylm.errors import RaylmError
 from raylm.models.identity import adapter_digest, model_digest
 from raylm.models.spec import ModelSpec
 from raylm.requests.shards import Shard
-from raylm.results.atomic import write_atomic
-from raylm.results.ownership import (
-    CHECKPOINT_DIR,
-    MANIFEST,
-    RESULTS,
-    foreign_checkpoint,
-    remove_raylm_files,
-    results_kind,
-)
-from raylm.results.sums import shard_sums
+from raylm.scoring.sums import shard_sums
+from raylm.storage.atomic import write_atomic
+from raylm.storage.ownership import CHECKPOINT_DIR, MANIFEST, RESULTS, check_results_owner, remove_raylm_files
 
 log = logging.getLogger(__name__)
 
-_PID_KEY = b"raylm.pid"  # also what marks a shard file as raylm's (raylm.results.ownership)
+_PID_KEY = b"raylm.pid"  # also what marks a shard file as raylm's (raylm.storage.ownership)
 _PREFIX_SHARING_KEY = b"raylm.prefix_sharing"
 _DEVICE_KEY = b"raylm.device"
 _DTYPE_KEY = b"raylm.dtype"
@@ -185,12 +178,7 @@ class Checkpoint:
                              "same --device and --dtype, another --output, or --overwrite to discard them")
 
     def refuse_foreign(self) -> None:
-        results = self.out_dir / RESULTS
-        if results.exists() and results_kind(results) is None:
-            raise RaylmError(f"'{results}' was not written by raylm; use another --output")
-        if foreign_checkpoint(self.out_dir):
-            raise RaylmError(f"'{self.root}' holds files raylm did not write (no raylm {MANIFEST}); use another "
-                             "--output")
+        check_results_owner(self.out_dir, "eval", checkpoint=True)
 
     def shard_path(self, index: int) -> Path:
         return self.root / "shards" / f"{index:06d}.parquet"

@@ -32,11 +32,11 @@ from raylm.corpus.stream import stream_batches
 from raylm.errors import RaylmError
 from raylm.models.identity import pin_revision, scored_commit
 from raylm.models.spec import ModelSpec
-from raylm.results.atomic import write_atomic
-from raylm.results.lock import output_lock
-from raylm.results.ownership import is_raylm_parquet, results_kind, tagged
 from raylm.results.report import prefix_sharing, run_config
 from raylm.scoring.membership import DEFAULT_K, check_k
+from raylm.storage.atomic import write_atomic
+from raylm.storage.lock import output_lock
+from raylm.storage.ownership import check_results_owner, is_raylm_parquet, results_kind, tagged
 
 MEMBERSHIP_JSON = "membership.json"
 MEMBERSHIP_PARQUET = "membership.parquet"
@@ -71,17 +71,12 @@ class MembershipConfig:
 
 
 def check_output(out_dir: Path) -> None:
-    path = out_dir / MEMBERSHIP_JSON
-    if path.exists() and results_kind(path) != "membership":
-        raise RaylmError(f"'{path}' was not written by `raylm membership`; use another --output")
-    rows = out_dir / MEMBERSHIP_PARQUET
-    if rows.exists() and not is_raylm_parquet(rows):
-        raise RaylmError(f"'{rows}' was not written by raylm; use another --output")
+    check_results_owner(out_dir, "membership", MEMBERSHIP_JSON, (MEMBERSHIP_PARQUET,))
 
 
 def run_membership(cfg: MembershipConfig, out_dir: Path) -> dict[str, Any]:
     """Score every document's query text; write DIR/membership.parquet (per document) and DIR/membership.json.
-    DIR's lock is held meanwhile (raylm.results.lock), taken before any work."""
+    DIR's lock is held meanwhile (raylm.storage.lock), taken before any work."""
     cfg.validate()
     with output_lock(out_dir):
         check_output(out_dir)

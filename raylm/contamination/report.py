@@ -16,17 +16,17 @@ from typing import Any
 import raylm
 from raylm.contamination.scan import MATCHES, ScanConfig, ScanResult, run_scan
 from raylm.errors import RaylmError
-from raylm.results.atomic import write_atomic
 from raylm.results.contamination import CONTAMINATION_JSON, query_digest
-from raylm.results.lock import output_lock
-from raylm.results.ownership import is_raylm_parquet, results_kind
+from raylm.storage.atomic import write_atomic
+from raylm.storage.lock import output_lock
+from raylm.storage.ownership import check_results_owner, is_raylm_parquet, results_kind
 
 CHART = "contamination.png"
 
 
 def run_contamination(cfg: ScanConfig, out_dir: Path) -> dict[str, Any]:
     """`raylm contamination`: scan, then write the report and chart; DIR's lock is held throughout, taken before any
-    work (raylm.results.lock), so two scans into one directory cannot interleave."""
+    work (raylm.storage.lock), so two scans into one directory cannot interleave."""
     cfg.validate()
     with output_lock(out_dir):
         check_output(out_dir)
@@ -34,14 +34,7 @@ def run_contamination(cfg: ScanConfig, out_dir: Path) -> dict[str, Any]:
 
 
 def check_output(out_dir: Path) -> None:
-    """A rerun replaces its own scan; a contamination.json or matches.parquet raylm did not write, or another
-    command's, stays (refused before any work)."""
-    path = out_dir / CONTAMINATION_JSON
-    if path.exists() and results_kind(path) != "contamination":
-        raise RaylmError(f"'{path}' was not written by `raylm contamination`; use another --output")
-    matches = out_dir / MATCHES
-    if matches.exists() and not is_raylm_parquet(matches):
-        raise RaylmError(f"'{matches}' was not written by raylm; use another --output")
+    check_results_owner(out_dir, "contamination", CONTAMINATION_JSON, (MATCHES,))
 
 
 def _fraction(part: int, whole: int) -> float:

@@ -31,7 +31,8 @@ from raylm.corpus import READ_CPUS, SCAN_ROWS_PER_BATCH
 from raylm.corpus.read import FORMATS, document_texts, read_corpus
 from raylm.corpus.stream import PartialParquet, stream_batches
 from raylm.errors import RaylmError
-from raylm.results.lock import output_lock
+from raylm.storage.lock import output_lock
+from raylm.storage.ownership import tagged_schema
 
 MATCHES = "matches.parquet"
 MATCH_SCHEMA = pa.schema([("task", pa.string()), ("doc_id", pa.int64()), ("file", pa.string()), ("row", pa.int64()),
@@ -141,7 +142,7 @@ def _cluster_cpus() -> float:
 
 def run_scan(cfg: ScanConfig, out_dir: Path, on_batch: Callable[[int], None] | None = None) -> ScanResult:
     """Scan the corpus for the tasks' n-grams; matches go to out_dir/matches.parquet, written under DIR's lock
-    (raylm.results.lock). `on_batch` runs on the driver after each output batch with the number of batches so far
+    (raylm.storage.lock). `on_batch` runs on the driver after each output batch with the number of batches so far
     (progress hooks, fault drills)."""
     cfg.validate()
     with output_lock(out_dir):

@@ -31,13 +31,15 @@ from raylm.models.identity import pin_revision, scored_commit
 from raylm.models.loading import load_config, load_tokenizer, resolve_scorer, text_config
 from raylm.models.spec import ModelSpec, check_model_path
 from raylm.requests.masked import MaskedEncoder
-from raylm.results.atomic import write_atomic
 from raylm.results.metrics import kl_metrics, ppl_metrics, pseudo_ppl_metrics
-from raylm.results.lock import output_lock
-from raylm.results.ownership import RESULTS, check_results_owner
+from raylm.storage.lock import output_lock
+from raylm.storage.ownership import RESULTS, check_results_owner
 from raylm.results.report import prefix_sharing, run_config
 from raylm.results.sums import corpus_batch_sums, merge
 from raylm.scoring.mlm import MASKED_PREFIX_SHARING
+from raylm.storage.atomic import write_atomic
+from raylm.storage.lock import output_lock
+from raylm.storage.ownership import RESULTS, check_results_owner, tagged_schema
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +173,7 @@ def resolve_lengths(cfg: CorpusConfig) -> tuple[int, int, str, int | None]:
 
 def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
     """Score the corpus, write DIR/samples/<kind>.parquet and DIR/results.json, and return the metrics; DIR's lock
-    is held meanwhile (raylm.results.lock)."""
+    is held meanwhile (raylm.storage.lock)."""
     cfg.validate()
     with output_lock(out_dir):
         check_results_owner(out_dir, cfg.kind)

@@ -13,7 +13,7 @@ import ray
 
 from raylm.cluster.failures import data_worker_error
 from raylm.errors import RaylmError
-from raylm.results.ownership import tagged_schema
+from raylm.storage.ownership import tagged_schema
 
 
 def stream_batches(ds: ray.data.Dataset, what: str) -> Iterator[pa.Table]:
@@ -36,7 +36,7 @@ class PartialParquet:
     `with` block ends normally; an error in the block removes it, so a failed run leaves nothing that looks final.
 
     The partial name is fixed rather than unique: every writer holds the output directory's lock
-    (raylm.results.lock) while it writes, so no two raylm runs write one at once, and a run that was killed
+    (raylm.storage.lock) while it writes, so no two raylm runs write one at once, and a run that was killed
     leaves a partial file the next run overwrites instead of one more that piles up. With `schema` the file is
     opened at once (a stream with no rows still gives a file); without, at the first batch, whose schema it takes.
     """

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from raylm.probe.sentences import ProbeSentence
-from raylm.results.atomic import write_atomic
+from raylm.storage.atomic import write_atomic
 
 
 def plot_log_ratios(sentences: list[ProbeSentence], ratios: list[list[float]], targets: list[str],

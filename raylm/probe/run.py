@@ -27,10 +27,10 @@ from raylm.models.spec import ModelSpec, check_model_path
 from raylm.probe.file import ProbeFile
 from raylm.probe.plot import plot_log_ratios
 from raylm.probe.sentences import ProbeSentence, build_sentences, mask_positions, with_model_mask
-from raylm.results.atomic import write_atomic
 from raylm.results.report import run_config
 from raylm.scoring.mlm import mask_log_probs
 from raylm.scoring.scorer import cpu_token_budget
+from raylm.storage.atomic import write_atomic
 
 REST = "(rest)"
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 from raylm.config import EvalConfig
 from raylm.results.contamination import CleanSets, decontaminated_key
 from raylm.results.metrics import choice_metrics, rolling_metrics
-from raylm.results.sums import shard_sums
+from raylm.scoring.sums import shard_sums
 from raylm.tasks import get_task
 from raylm.tasks.native import TaskDocs
 

@@ -26,11 +26,11 @@ from raylm.errors import RaylmError
 from raylm.models.chat import template_sha
 from raylm.models.spec import ModelSpec
 from raylm.requests.shards import LMEVAL_KIND
-from raylm.results.atomic import write_atomic, write_parquet_atomic
 from raylm.results.metrics import token_perplexity
 from raylm.results.native import lmeval_shape
-from raylm.results.ownership import tagged
-from raylm.results.predictions import choice_predictions
+from raylm.scoring.predictions import choice_predictions
+from raylm.storage.atomic import write_atomic, write_parquet_atomic
+from raylm.storage.ownership import tagged
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from raylm.results.atomic import write_atomic
-from raylm.results.predictions import norm_scores
+from raylm.scoring.predictions import norm_scores
+from raylm.storage.atomic import write_atomic
 from raylm.sweep.config import Sweep
 from raylm.sweep.summary import Row, headline_metrics
 

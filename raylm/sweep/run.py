@@ -33,11 +33,11 @@ from raylm.errors import RaylmError, RemoteError
 from raylm.evaluate import evaluate, run_fingerprint
 from raylm.models.identity import pin_revision
 from raylm.models.spec import check_model_path
-from raylm.results.atomic import write_atomic
 from raylm.results.contamination import scan_digest
-from raylm.results.lock import output_lock
-from raylm.results.ownership import CHECKPOINT_DIR, RESULTS
 from raylm.results.report import prepare_output, write_results, write_samples
+from raylm.storage.atomic import write_atomic
+from raylm.storage.lock import output_lock
+from raylm.storage.ownership import CHECKPOINT_DIR, RESULTS
 from raylm.sweep.config import Sweep, SweepModel, SweepPoint
 from raylm.sweep.plots import METRICS_PNG, plot_metrics, plot_norm_scores
 from raylm.sweep.summary import SUMMARY_CSV, SUMMARY_MD, collect, summary_csv, summary_markdown

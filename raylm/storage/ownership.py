@@ -44,7 +44,8 @@ def _json(path: Path) -> Any:
 
 
 def results_kind(path: Path) -> str | None:
-    """'eval', 'ppl', 'kl' or 'probe' for a results.json raylm wrote, else None."""
+    """The command that wrote a results file raylm wrote ('eval', 'ppl', 'kl', 'probe', 'contamination',
+    'membership'), else None."""
     data = _json(path)
     config = data.get("config") if isinstance(data, dict) else None
     if not (isinstance(config, dict) and isinstance(config.get("versions"), dict) and "raylm" in config["versions"]):
@@ -52,16 +53,25 @@ def results_kind(path: Path) -> str | None:
     return str(config.get("command", "eval"))
 
 
-def check_results_owner(out_dir: Path, command: str) -> None:
-    """A rerun of a `raylm ppl`, `kl` or `probe` replaces its own command's results.json; another command's, or a
-    file raylm did not write, stays (raylm eval has its checkpoint's stricter rule)."""
-    path = out_dir / RESULTS
-    if not path.exists():
-        return
-    found = results_kind(path)
+def check_results_owner(out_dir: Path, command: str, results: str = RESULTS, parquets: tuple[str, ...] = (),
+                        checkpoint: bool = False) -> None:
+    """The one rule for a command about to write into out_dir, checked before any work: a rerun of the command
+    replaces its own outputs; another command's, or a file raylm did not write, stays, and the run is refused.
+
+    `results` is the command's JSON file (raylm's version and the command in its config), `parquets` the Parquet
+    files it writes at fixed names (raylm's mark in their schema), `checkpoint` whether it keeps a checkpoint/
+    (raylm's manifest in it)."""
+    path = out_dir / results
+    found = results_kind(path) if path.exists() else command
     if found != command:
         what = f"holds the results of `raylm {found}`" if found else "was not written by raylm"
         raise RaylmError(f"'{path}' {what}; use another --output")
+    for name in parquets:
+        if (out_dir / name).exists() and not is_raylm_parquet(out_dir / name):
+            raise RaylmError(f"'{out_dir / name}' was not written by raylm; use another --output")
+    if checkpoint and foreign_checkpoint(out_dir):
+        raise RaylmError(f"'{out_dir / CHECKPOINT_DIR}' holds files raylm did not write (no raylm {MANIFEST}); use "
+                         "another --output")
 
 
 def is_raylm_manifest(path: Path) -> bool:

@@ -1,15 +1,31 @@
 """One writer per output directory: an advisory lock that every raylm command writing there holds for its run.
 
-Two runs on one `--output` (two shells, a sweep and an eval) would interleave checkpoints and overwrite each
-other's results. So a command takes an exclusive flock on DIR/.raylm.lock before it writes anything and keeps it
-until it is done; a second run stops at once, naming the holder, whose pid, host and command are in the file. The
-kernel releases a flock when its holder's process ends, however it ends (SIGKILL, OOM killer, a crashed node), so
-a lock a dead run left is not in the way: the next run takes it, and logs whose it was. (Linux emulates flock
-with POSIX locks on NFS, so the lock holds across the nodes of a shared filesystem too.)
+Two runs on one `--output` (two shells, a sweep and an eval) would interleave checkpoints and overwrite each other's
+results. So a command takes an exclusive flock on DIR/.raylm.lock before it writes anything and keeps it until it is
+done; a second run stops at once, naming the holder, whose pid, host and command are in the file. Once the holder is
+gone (below: how soon, per filesystem), the next run takes the lock over and logs whose it was. The lock is
+advisory: it stops other raylm runs, not a user's `rm` or another program.
 
-Within one process the lock is re-entrant per thread, so that `raylm eval` can hold it around evaluate() and
-the results it writes after, while evaluate() holds it for anyone calling it directly; another thread of the
-same process is refused like another process.
+What the lock guarantees depends on the filesystem DIR is on:
+
+- Local (ext4, xfs, tmpfs, ...): exclusive between processes of this node, per open file description. The kernel
+  releases it when its holder's process ends, however it ends (SIGKILL, the OOM killer), and a reboot forgets it.
+  What counts is the filesystem under DIR, not how its path looks: a bind mount of an NFS export is NFS.
+- NFS: the Linux client emulates flock with POSIX byte-range locks on the whole file, held by the server (through
+  NLM, the lockd/statd side protocol, for NFSv2/v3; the protocol's own locks for NFSv4), so runs on different nodes
+  exclude each other only where the server supports locking: a server without it typically fails the flock (ENOLCK:
+  raylm stops with "cannot lock output directory"), and a mount that keeps locks local (`nolock`, `local_lock=flock`
+  or `all`) lets two nodes both take it. A process that ends on a live client releases it at once; a node that
+  crashes holds it on the server until its NFSv4 lease expires (nfsd's default is 90 s) or, over NFSv3, until that
+  node reboots and its statd tells the server (a node that never comes back holds it until an administrator clears
+  it). Not guaranteed: exclusion through a network partition longer than an NFSv4 lease, after which the server may
+  give the lock to another node while the first run, not told, goes on writing its results.
+- Other shared filesystems (CephFS, Lustre, GPFS, SMB, FUSE mounts of object stores) each have their own rules, set
+  by their mount options: check yours before pointing two nodes at one DIR.
+
+Within one process the lock is re-entrant per thread, so that `raylm eval` can hold it around evaluate() and the
+results it writes after, while evaluate() holds it for anyone calling it directly; another thread of the same
+process is refused like another process.
 """
 
 from __future__ import annotations

@@ -1,0 +1,69 @@
+"""One rule decides what in an output directory a command may replace (raylm.storage.ownership): its own
+results, never another command's, never a file raylm did not write; every command that writes checks it the same
+way, before any work."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raylm.cluster.checkpoint import Checkpoint
+from raylm.contamination import membership_run, report
+from raylm.errors import RaylmError
+from raylm.storage.ownership import check_results_owner, tagged
+
+MANIFEST = {"code": {"raylm": "0.1.0"}}
+
+# command -> (what it checks before any work, its JSON file, the Parquet files it writes at fixed names)
+COMMANDS: dict[str, tuple[Callable[[Path], object], str, tuple[str, ...]]] = {
+    "eval": (lambda out: Checkpoint.open(out, MANIFEST, overwrite=True), "results.json", ()),
+    "ppl": (lambda out: check_results_owner(out, "ppl"), "results.json", ()),
+    "contamination": (report.check_output, "contamination.json", ("matches.parquet",)),
+    "membership": (membership_run.check_output, "membership.json", ("membership.parquet",)),
+}
+
+
+def written_by(command: str) -> str:
+    config = {"versions": {"raylm": "0.1.0"}, **({"command": command} if command != "eval" else {})}
+    return json.dumps({"results": {}, "config": config})
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_command_replaces_its_own_results(command, tmp_path):
+    check, results, parquets = COMMANDS[command]
+    (tmp_path / results).write_text(written_by(command))
+    for name in parquets:
+        pq.write_table(tagged(pa.table({"x": [1]})), tmp_path / name)
+    check(tmp_path)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_another_commands_results_stay(command, tmp_path):
+    """`raylm eval --overwrite` too: it discards its own results, not a `raylm ppl` run's in the same directory."""
+    check, results, _ = COMMANDS[command]
+    other = {"eval": "ppl", "ppl": "eval", "contamination": "membership", "membership": "contamination"}[command]
+    (tmp_path / results).write_text(written_by(other))
+    with pytest.raises(RaylmError, match=f"'{tmp_path / results}' holds the results of `raylm {other}`; use "
+                                         "another --output$"):
+        check(tmp_path)
+    assert (tmp_path / results).read_text() == written_by(other)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_files_raylm_did_not_write_stay(command, tmp_path):
+    check, results, parquets = COMMANDS[command]
+    for name in (results, *parquets):
+        path = tmp_path / name
+        if name.endswith(".parquet"):
+            pq.write_table(pa.table({"x": [1]}), path)
+        else:
+            path.write_text('{"mine": true}')
+        with pytest.raises(RaylmError, match=f"'{path}' was not written by raylm; use another --output$"):
+            check(tmp_path)
+        assert path.exists()
+        path.unlink()
