@@ -23,7 +23,8 @@ import torch
 
 from raylm.errors import RaylmError
 from raylm.models.devices import input_device
-from raylm.scoring.batching import budget_batches, halving_on_oom
+from raylm.scoring.batching import TokenBudget, budget_batches, halving_on_oom
+from raylm.scoring.scorer import model_input
 
 # Two models' logits plus temporaries per kept position: a smaller budget than the Scorer's.
 CPU_TOKEN_BUDGET = 2048
@@ -49,15 +50,19 @@ class KLScorer:
         self.max_length = max_length
         self.width = width
         self.device = input_device(model_p)  # where P's distribution, and so the comparison, lives
-        self.token_budget = token_budget or (GPU_TOKEN_BUDGET if self.device.type == "cuda" else CPU_TOKEN_BUDGET)
+        self.budget = TokenBudget(token_budget or (GPU_TOKEN_BUDGET if self.device.type == "cuda"
+                                                   else CPU_TOKEN_BUDGET))
         self._keeps_logits = {id(m): "logits_to_keep" in inspect.signature(m.forward).parameters
                               for m in (model_p, model_q)}
+
+    @property
+    def token_budget(self) -> int:
+        return self.budget.tokens
 
     def score(self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> KLScores:
         inputs, targets = [], []
         for context, continuation in zip(contexts, continuations):
-            whole = (list(context) + list(continuation))[-(self.max_length + 1):]
-            inputs.append(whole[:-1])
+            inputs.append(model_input(context, continuation, self.max_length))
             targets.append(list(continuation))
         n = len(inputs)
         out = KLScores(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.int64))
@@ -66,9 +71,8 @@ class KLScorer:
             for batch in budget_batches(pending, lambda i: len(inputs[i]), budget):
                 yield batch, batch, len(batch) == 1
 
-        self.token_budget = halving_on_oom(list(range(n)), batches,
-                                           lambda batch: self._score_batch(batch, inputs, targets, out),
-                                           self.token_budget)
+        halving_on_oom(list(range(n)), batches, lambda batch: self._score_batch(batch, inputs, targets, out),
+                       self.budget)
         return out
 
     @torch.inference_mode()
