@@ -31,7 +31,7 @@ from raylm.models.loading import load_model, load_tokenizer  # noqa: E402
 from raylm.models.spec import ModelSpec  # noqa: E402
 from raylm.requests.encoding import Encoder  # noqa: E402
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS, cut  # noqa: E402
-from raylm.scoring.scorer import Scorer  # noqa: E402
+from raylm.scoring.scorer import Scorer, model_input  # noqa: E402
 from raylm.scoring.tree import build_trie  # noqa: E402
 
 
@@ -104,7 +104,7 @@ def main() -> None:
     tasks = {}
     for task, (_, table) in tables.items():
         contexts, continuations = table["context"].to_pylist(), table["continuation"].to_pylist()
-        inputs = [(c + k)[-(max_length + 1):][:-1] for c, k in zip(contexts, continuations)]
+        inputs = [model_input(c, k, max_length) for c, k in zip(contexts, continuations)]
         flops, unique, head_positions = minimal_flops(model, inputs, [len(k) for k in continuations])
         tasks[task] = {"shards": cut(table, args.shard_size), "requests": table.num_rows, "flops": flops,
                        "held": sum(len(x) for x in inputs), "unique": unique, "head": head_positions,

@@ -27,7 +27,7 @@ from raylm.models.loading import load_tokenizer  # noqa: E402
 from raylm.models.spec import ModelSpec  # noqa: E402
 from raylm.requests.encoding import Encoder  # noqa: E402
 from raylm.requests.table import build_requests  # noqa: E402
-from raylm.scoring.scorer import Scorer  # noqa: E402
+from raylm.scoring.scorer import Scorer, model_input  # noqa: E402
 from raylm.scoring.tree import build_trie  # noqa: E402
 from raylm.tasks import get_task  # noqa: E402
 
@@ -112,7 +112,7 @@ def main() -> None:
         contexts, continuations = hellaswag_requests(args.docs, max_length)
     tokenize_s = time.perf_counter() - start
 
-    inputs = [(c + k)[-(max_length + 1):][:-1] for c, k in zip(contexts, continuations)]
+    inputs = [model_input(c, k, max_length) for c, k in zip(contexts, continuations)]
     trie = build_trie(range(len(inputs)), inputs, [len(k) for k in continuations])
     tokens, positions = len(trie), len(trie.predicts)  # each distinct tree token once, as the scorer computes them
     body, head = body_and_head_params(model)

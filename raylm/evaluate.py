@@ -35,7 +35,7 @@ from raylm.requests.driver import driver_encoder, prompt_format, scored_spec
 from raylm.requests.encoding import Encoder
 from raylm.requests.masked import MaskedEncoder
 from raylm.requests.native import Tables, encode_task_requests
-from raylm.requests.order import restore, token_order
+from raylm.requests.order import restore
 from raylm.requests.shards import LMEVAL_KIND, Shard, make_shards
 from raylm.results.contamination import CleanSets, read_scan
 from raylm.results.decontamination import clean_documents, native_decontaminated
@@ -220,9 +220,7 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
     results = {}
     for name, (kind, requests) in tables.items():
         mine = [scored[s.index] for s in shards if s.task == name]
-        table = restore(pa.concat_tables(s.table for s in mine), token_order(requests))
-        if table.num_rows != requests.num_rows:
-            raise RaylmError(f"{name}: {table.num_rows} results for {requests.num_rows} requests")
+        table = restore(pa.concat_tables(s.table for s in mine), requests, name)
         sums = merge([s.sums for s in mine])
         if kind == LMEVAL_KIND:
             metrics, original = {}, 0  # lm-eval's, filled in below

@@ -6,7 +6,9 @@ import random
 
 import pytest
 
-from raylm.scoring.batching import budget_batches, halving_on_oom
+import torch
+
+from raylm.scoring.batching import GROW_AFTER, TokenBudget, budget_batches, halving_on_oom
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -43,5 +45,49 @@ def test_an_item_no_batch_holds_is_an_error_not_an_endless_retry():
         yield [p for p in pending if p != 2], [p for p in pending if p != 2], False
 
     with pytest.raises(RuntimeError, match=r"^1 items were in no batch \(first: 2\)$"):
-        halving_on_oom([0, 1, 2], batches, scored.append, 64)
+        halving_on_oom([0, 1, 2], batches, scored.append, TokenBudget(64))
     assert scored == [[0, 1]]
+
+
+def test_a_halved_budget_doubles_back_after_a_run_of_batches_that_fit_and_never_past_its_start():
+    """Out of memory on the first two batches only (another process held memory for a while): the budget halves
+    twice, then grows back one doubling per GROW_AFTER batches that fit, up to where it started and no further,
+    and carries over to the next call. Every item is scored exactly once."""
+    failures = [2]
+    seen: list[tuple[int, int]] = []  # (budget, item) for each item scored
+
+    def batches(pending, tokens):
+        for item in pending:
+            yield (tokens, item), [item], False
+
+    def score(batch):
+        if failures[0]:
+            failures[0] -= 1
+            raise torch.OutOfMemoryError("fake: out of memory")
+        seen.append(batch)
+
+    budget = TokenBudget(64)
+    halving_on_oom(list(range(4 * GROW_AFTER)), batches, score, budget)
+    assert sorted(item for _, item in seen) == list(range(4 * GROW_AFTER))
+    used = [tokens for tokens, _ in seen]
+    assert used == [16] * GROW_AFTER + [32] * GROW_AFTER + [64] * 2 * GROW_AFTER
+    assert (budget.tokens, budget.ceiling) == (64, 64)
+    failures[0] = 1
+    halving_on_oom(list(range(GROW_AFTER + 1)), batches, score, budget)  # the next call starts from what is left
+    assert budget.tokens == 64 and [t for t, _ in seen[4 * GROW_AFTER:]] == [32] * GROW_AFTER + [64]
+
+
+def test_a_budget_that_grows_back_into_out_of_memory_waits_twice_as_long_to_grow_again():
+    limit = 32  # the memory really holds 32 tokens: growing back to 64 fails each time
+
+    def batches(pending, tokens):
+        for item in pending:
+            yield tokens, [item], False
+
+    def score(tokens):
+        if tokens > limit:
+            raise torch.OutOfMemoryError("fake: out of memory")
+
+    budget = TokenBudget(64)
+    halving_on_oom(list(range(6 * GROW_AFTER)), batches, score, budget)
+    assert budget.tokens == 32 and budget.grow_after == 4 * GROW_AFTER  # grew back twice, each time into an error

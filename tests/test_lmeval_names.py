@@ -257,3 +257,20 @@ def test_an_include_path_task_named_like_a_native_one_is_refused_not_shadowed(tm
     sweep.write_text(f"models: [gpt2]\ntasks:\n  - hellaswag\n  - winogrande\ninclude_path: {tasks}\n")
     with pytest.raises(RaylmError, match=r"sweep.yaml: line 4: tasks: 'winogrande' is raylm's native task and also"):
         load_sweep(sweep)
+
+
+def test_a_kept_index_that_cannot_be_read_is_built_and_kept_again(tmp_path, monkeypatch, caplog):
+    """A cache file cut short (a full disk) or overwritten is a cache miss with a warning, not a failed run."""
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    root = tmp_path / "tasks"
+    root.mkdir()
+    (root / "t.yaml").write_text("task: t\ndataset_path: json\noutput_type: loglikelihood\n")
+    built = index_cache.cached_index(root)
+    kept = tmp_path / "cache" / index_cache._key(root)
+    for damaged in (kept.read_bytes()[: kept.stat().st_size // 2], b"\xff\xfe not json", b'{"t": 1}'):
+        kept.write_bytes(damaged)
+        with caplog.at_level("WARNING", logger=index_cache.__name__):
+            assert index_cache.cached_index(root) == built
+        assert "cannot be read" in caplog.text and "indexing the tasks again" in caplog.text
+        assert index_cache._decode(kept.read_text()) == built
+        caplog.clear()

@@ -7,13 +7,16 @@ import logging
 from types import SimpleNamespace
 
 import pytest
-from conftest import STORIES
+from conftest import GPT2_TOKENIZER, STORIES
+from transformers import AutoTokenizer
 
 from raylm.errors import RaylmError
 from raylm.models.loading import load_tokenizer
 from raylm.models.spec import ModelSpec
 from raylm.requests.encoding import Encoder
 from raylm.requests.lmeval import request_tables
+from raylm.requests.table import build_requests
+from raylm.tasks import ChoiceDoc, Task
 from raylm.tasks.lmeval.build import Request
 
 # "" alone takes lm-eval's empty-context path; whitespace-only contexts go through _encode_pair.
@@ -71,3 +74,23 @@ def test_left_truncated_lm_eval_requests_are_counted_per_task_in_one_warning(cap
     assert tables["long_prompts"].num_rows == 6
     warned = [r.getMessage() for r in caplog.records if "left-truncated" in r.getMessage()]
     assert warned == ["long_prompts: 4 requests exceed the model's max length 16; their contexts are left-truncated"]
+
+
+def test_native_and_lm_eval_tables_refuse_unscorable_requests_by_one_rule_in_one_line_naming_each():
+    """A native task's requests go through the same rule and message as lm-eval's: every unscorable request of
+    the task named in one line, not the first alone."""
+    encoder = Encoder(AutoTokenizer.from_pretrained(GPT2_TOKENIZER), 8)
+    pairs = [("Question:", "yes"), ("Question:", "a rather long answer of many more than eight tokens"),
+             ("  ", "yes")]
+    docs = [ChoiceDoc.plain(i, (q,), (a,), 0, (len(a),), str(i)) for i, (q, a) in enumerate(pairs)]
+    task = Task("t", "multiple_choice", lambda _: docs)
+    long = len(encoder.encode_pairs([(pairs[1][0], " " + pairs[1][1])])[0][1])
+    expected = (f"t: 1 continuation(s) longer than the model's 8-token context, which lm-eval cannot score either: "
+                f"doc 1 request 0 ({long} tokens); t: 1 context(s) of only whitespace encode to no tokens, which "
+                "lm-eval cannot score either (HFLM asserts a non-empty context): doc 2 request 0")
+    with pytest.raises(RaylmError) as native:
+        build_requests(task, docs, encoder)
+    built = fake_built({"t": [Request("t", i, 0, "loglikelihood", (q, " " + a)) for i, (q, a) in enumerate(pairs)]})
+    with pytest.raises(RaylmError) as lmeval:
+        request_tables(built, encoder)
+    assert str(native.value) == str(lmeval.value) == expected

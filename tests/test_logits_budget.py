@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 from raylm.cluster.actors import score_shard
 from raylm.errors import RaylmError
 from raylm.requests.table import SCHEMA
+from raylm.scoring.attention import attention_plan
 from raylm.scoring.scorer import RequestDoesNotFit, Scorer
 
 POSITIONS = 16  # what the small budget holds
@@ -51,9 +52,20 @@ def test_a_long_row_runs_in_pieces_within_the_budget_and_equals_one_pass(model):
     np.testing.assert_allclose(pieces, reference, rtol=1e-5)
 
 
+def test_a_row_over_the_logits_budget_is_cut_even_where_requests_share_no_rows(model):
+    """share_prefixes=False (raylm membership's scoring) still cuts a row into pieces over the KV cache where the
+    model's plan takes masks: sharing no row with another request is not the same as having no cache."""
+    context, continuation = rolling_row(0)
+    pieces = Scorer(model, 127, share_prefixes=False, logits_budget=budget(model)).score([context], [continuation])
+    whole = Scorer(model, 127).score([context], [continuation])
+    np.testing.assert_allclose(pieces[0], whole[0], rtol=1e-6)
+    assert np.array_equal(pieces[1], whole[1])
+
+
 def test_a_request_an_unpacked_model_cannot_cut_is_one_line_naming_its_document(model):
     context, continuation = rolling_row(0)
-    scorer = Scorer(model, 127, share_prefixes=False, logits_budget=budget(model))
+    unpacked = attention_plan(model).unpacked("unpacked (test)")  # no mask may carry a cached piece on
+    scorer = Scorer(model, 127, plan=unpacked, logits_budget=budget(model))
     with pytest.raises(RequestDoesNotFit, match=r"^119 predicted tokens need more logits memory than the budget "
                                                 r"holds \(16 positions\) .* pass a smaller --max-length$"):
         scorer.score([context], [continuation])

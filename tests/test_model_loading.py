@@ -145,3 +145,40 @@ def test_a_prompt_learning_adapter_is_refused_in_one_line_wherever_it_is_given(p
             load_sweep(sweep)
     ModelSpec(str(STORIES), peft=str(ADAPTER)).validate()
 
+
+def test_whether_a_model_is_local_is_decided_where_its_spec_is_made_not_in_each_working_directory(tmp_path,
+                                                                                                    monkeypatch):
+    """'org/name' is a hub id unless it exists where the spec is made (the driver): then it is that directory,
+    made absolute, for every actor whatever its working directory; else a hub id even where it happens to exist."""
+    from raylm.models.spec import looks_local, model_source
+
+    here, elsewhere = tmp_path / "driver", tmp_path / "actor"
+    (here / "org" / "name").mkdir(parents=True)
+    (elsewhere / "org" / "name").mkdir(parents=True)
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(here)
+    local = ModelSpec("org/name", peft="org/name")
+    monkeypatch.chdir(tmp_path / "empty")
+    hub = ModelSpec("org/name", peft="org/name")
+    monkeypatch.chdir(elsewhere)
+    directory = str(here.resolve() / "org" / "name")  # as os.getcwd() names the working directory
+    assert (local.path, local.peft) == (directory, directory)
+    assert looks_local(local.path) and model_source(local) == directory
+    assert (hub.path, hub.peft) == ("org/name",) * 2
+    assert not looks_local(hub.path) and model_source(hub) == "org/name"
+
+
+def test_the_context_length_and_the_scorer_read_one_wrapped_config_as_lm_eval_does():
+    """lm-eval's HFLM reads `config.text_config` first, and nothing else, for the context length and the vocabulary;
+    every reader of a wrapped config in raylm asks text_config, so a config that wraps its language model under
+    another name (here `decoder`, which transformers' get_text_config would pick) is read as a whole by all."""
+    from transformers import GPT2Config, PretrainedConfig
+
+    from raylm.models.context import config_max_length
+    from raylm.models.loading import text_config
+
+    config = PretrainedConfig(n_positions=32, vocab_size=100)
+    config.decoder = GPT2Config(n_positions=64, vocab_size=200)
+    assert text_config(config) is config and config_max_length(config) == 32
+    config.text_config = GPT2Config(n_positions=128, vocab_size=300)
+    assert text_config(config) is config.text_config and config_max_length(config) == 128

@@ -8,6 +8,7 @@ import random
 import pyarrow as pa
 import pytest
 
+from raylm.errors import RaylmError
 from raylm.requests.order import cut_points, restore, token_order
 from raylm.requests.shards import make_shards
 
@@ -34,7 +35,21 @@ def test_shards_hold_whole_documents_in_token_order_and_restore_the_table(size):
     assert len(seen) == len(set(seen)) == 40  # no document split across shards
     rows = [r for s in shards for r in s.table["context"].to_pylist()]
     assert rows == sorted(rows)  # token order: each subject's documents adjacent
-    assert restore(pa.concat_tables(s.table for s in shards), token_order(table)).equals(table)
+    assert restore(pa.concat_tables(s.table for s in shards), table, "t").equals(table)
+
+
+def test_results_go_back_by_key_whatever_order_they_arrive_in_and_a_mismatch_is_refused():
+    """Shards may come back in any order (a resumed run reads some from its checkpoint); rows are matched to
+    their requests by (doc_id, req_idx), and results that are not exactly the requests, once each, are refused."""
+    table = subjects_table(seed=3)
+    shards = make_shards({"t": ("multiple_choice", table)}, 8)
+    scored = pa.concat_tables(s.table for s in reversed(shards))
+    assert restore(scored, table, "t").equals(table)
+    with pytest.raises(RaylmError, match=r"^t: two results for the request with \(doc_id, req_idx\) = \(\d+, \d+\)$"):
+        restore(pa.concat_tables([scored, scored.slice(0, 1)]), table, "t")
+    with pytest.raises(RaylmError, match=r"^t: \d+ results for \d+ requests \(first without a result: \(\d+, \d+\); "
+                                         r"keyed by doc_id, req_idx\)$"):
+        restore(scored.slice(1), table, "t")
 
 
 def test_a_cut_moves_to_the_boundary_between_subjects_when_one_is_near():

@@ -14,7 +14,7 @@ from test_scoring import real_requests
 from transformers import AutoModelForCausalLM
 
 from raylm.scoring.attention import attention_plan
-from raylm.scoring.scorer import Scorer
+from raylm.scoring.scorer import RequestDoesNotFit, Scorer
 from raylm.scoring.tree import build_trie, plan_tree
 
 
@@ -151,18 +151,22 @@ def test_hellaswag_prefix_runs_once_and_head_sees_only_continuation_positions(ti
 
 
 class OutOfMemoryAbove(torch.nn.Module):
-    """Raises CUDA's out-of-memory error for any batch of more than `limit` tokens, like a small GPU would."""
+    """Raises CUDA's out-of-memory error for any batch of more than `limit` tokens, like a small GPU would; with
+    `times`, only on the first `times` such batches, like memory another process held for a while."""
 
-    def __init__(self, model, limit: int):
+    def __init__(self, model, limit: int, times: int | None = None):
         super().__init__()
-        self.model, self.limit = model, limit
+        self.model, self.limit, self.times = model, limit, times
+        self.widths: list[int] = []  # tokens of every batch that ran
 
     def get_output_embeddings(self):
         return self.model.get_output_embeddings()
 
     def forward(self, input_ids, **kwargs):
-        if input_ids.numel() > self.limit:
-            raise torch.cuda.OutOfMemoryError("fake: out of memory")
+        if input_ids.numel() > self.limit and self.times != 0:
+            self.times = None if self.times is None else self.times - 1
+            raise torch.OutOfMemoryError("fake: out of memory")
+        self.widths.append(input_ids.numel())
         return self.model(input_ids=input_ids, **kwargs)
 
 
@@ -171,19 +175,68 @@ def test_out_of_memory_halves_the_budget_and_loses_nothing(tiny_llama):
     for _, table in tables.values():
         contexts, continuations = table["context"].to_pylist(), table["continuation"].to_pylist()
         expected = Scorer(model, encoder.max_length, token_budget=4096).score(contexts, continuations)
-        scorer = Scorer(OutOfMemoryAbove(model, 600), encoder.max_length, token_budget=4096,
-                        plan=attention_plan(model))
+        small = OutOfMemoryAbove(model, 600)
+        scorer = Scorer(small, encoder.max_length, token_budget=4096, plan=attention_plan(model))
         got = scorer.score(contexts, continuations)
-        assert scorer.token_budget == 512
+        # Halved to 512, the largest budget that always fits; it may have grown back one doubling since.
+        assert max(small.widths) <= 600 and scorer.token_budget in (512, 1024)
         np.testing.assert_allclose(got[0], expected[0], rtol=0, atol=1e-5)
         assert (got[1] == expected[1]).all()
 
 
-def test_out_of_memory_on_a_single_request_is_raised(tiny_llama):
+@pytest.mark.parametrize("share_prefixes", [True, False])
+def test_out_of_memory_on_a_single_row_scores_it_in_pieces_over_the_kv_cache(tiny_llama, share_prefixes):
+    """A row too big for the GPU alone is cut into pieces that run over the KV cache of the ones before, whether
+    or not requests share rows, and scores as it does whole."""
     model = AutoModelForCausalLM.from_pretrained(tiny_llama)
-    scorer = Scorer(OutOfMemoryAbove(model, 10), 128, token_budget=4096, plan=attention_plan(model))
-    with pytest.raises(torch.cuda.OutOfMemoryError):
-        scorer.score([[1] * 20], [[5, 6]])
+    rnd = random.Random(0)
+    contexts = [[rnd.randrange(3, 512) for _ in range(n)] for n in (60, 9)]
+    continuations = [[rnd.randrange(3, 512) for _ in range(n)] for n in (30, 3)]
+    expected = Scorer(model, 128, token_budget=4096).score(contexts, continuations)
+    small = OutOfMemoryAbove(model, 24)
+    scorer = Scorer(small, 128, token_budget=4096, share_prefixes=share_prefixes, plan=attention_plan(model))
+    got = scorer.score(contexts, continuations)
+    assert max(small.widths) <= 24 < len(contexts[0]) + len(continuations[0]) - 1
+    np.testing.assert_allclose(got[0], expected[0], rtol=0, atol=1e-5)
+    assert (got[1] == expected[1]).all()
+
+
+def test_out_of_memory_where_no_smaller_forward_pass_exists_is_raised(tiny_llama):
+    """One token that does not fit, or a whole row of a model scored unpacked (no mask may carry a cached piece
+    into the next), cannot be helped by any budget."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    with pytest.raises(torch.OutOfMemoryError):
+        Scorer(OutOfMemoryAbove(model, 0), 128, token_budget=4096, plan=attention_plan(model)).score([[1] * 20],
+                                                                                                      [[5, 6]])
+    unpacked = attention_plan(model).unpacked("unpacked (test)")
+    with pytest.raises(torch.OutOfMemoryError):
+        Scorer(OutOfMemoryAbove(model, 10), 128, token_budget=4096, plan=unpacked).score([[1] * 20], [[5, 6]])
+
+
+def test_a_budget_halved_by_a_passing_out_of_memory_error_grows_back_to_where_it_started(tiny_llama):
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    rnd = random.Random(1)
+    contexts = [[rnd.randrange(3, 512) for _ in range(rnd.randint(5, 40))] for _ in range(60)]
+    continuations = [[rnd.randrange(3, 512) for _ in range(rnd.randint(1, 4))] for _ in contexts]
+    expected = Scorer(model, 128, token_budget=64, share_prefixes=False).score(contexts, continuations)
+    scorer = Scorer(OutOfMemoryAbove(model, 0, times=1), 128, token_budget=64, share_prefixes=False,
+                    plan=attention_plan(model))
+    got = scorer.score(contexts, continuations)
+    assert scorer.token_budget == 64  # halved to 32 by the first batch, doubled back after GROW_AFTER that fitted
+    np.testing.assert_allclose(got[0], expected[0], rtol=0, atol=1e-5)
+    assert (got[1] == expected[1]).all()
+
+
+def test_a_continuation_with_no_input_position_to_predict_it_from_is_refused(tiny_llama):
+    """Longer than the model's context, or after no context token: its first token would be read from a negative
+    index, another request's or padding's position."""
+    scorer = Scorer(AutoModelForCausalLM.from_pretrained(tiny_llama), 8)
+    for contexts, continuations in (([[1, 2], [3, 4]], [[5], [6] * 9]), ([[1, 2], []], [[5], [6, 7]])):
+        with pytest.raises(RequestDoesNotFit, match=r"^a continuation of \d tokens after \d context tokens cannot "
+                                                    r"be scored: it must follow at least one context token and be "
+                                                    r"at most the model's 8 tokens long$") as raised:
+            scorer.score(contexts, continuations)
+        assert raised.value.request == 1
 
 
 def fewshot_requests(vocab: int, seed: int):

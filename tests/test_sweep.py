@@ -311,3 +311,33 @@ def test_a_sweep_killed_inside_a_point_resumes_there_with_another_actor_count(ra
     assert results["sums"] == {name: task.sums for name, task in plain.tasks.items()}
     resumed_rows = sum(pq.read_table(point / "checkpoint" / "shards" / f"{i:06d}.parquet").num_rows for i in saved)
     assert results["config"]["requests_scored"] + resumed_rows == sum(t.scored.num_rows for t in plain.tasks.values())
+
+
+def test_failed_models_are_all_named_after_the_summaries_of_the_models_that_finished(ray_session, tmp_path,
+                                                                                        monkeypatch):
+    from raylm.data.demo import DEMO_MODEL
+
+    for name in ("bad-a", "bad-b"):
+        (tmp_path / name).symlink_to(DEMO_MODEL)
+    path = tmp_path / "sweep.yaml"
+    path.write_text("models:\n  - path: raylm:demo\n    name: demo\n    dtype: float32\n"
+                    "  - path: bad-a\n    dtype: float32\n  - path: bad-b\n    dtype: float32\n"
+                    "tasks: [hellaswag]\ndata_dir: raylm:demo\ndevice: cpu\nsettings:\n  limit: [4]\n")
+    sweep = load_sweep(path)
+
+    def starts(spec, *args, **kwargs):
+        if Path(spec.path).name.startswith("bad"):
+            raise RaylmError(f"could not load model '{spec.path}': its weights are broken")
+        return start_actors(spec, *args, **kwargs)
+
+    monkeypatch.setattr(raylm.sweep.run, "start_actors", starts)
+    out = tmp_path / "out"
+    with pytest.raises(RaylmError) as raised:
+        run_sweep(sweep, out)
+    bad = [m.name for m in sweep.models if m.name != "demo"]
+    assert str(raised.value) == "; ".join(f"{name}: could not load model '{tmp_path / name.split('-float32')[0]}': "
+                                          "its weights are broken" for name in bad) + (
+        " (the summaries cover the 1 model(s) that finished)")
+    rows = (out / "summary.csv").read_text().splitlines()
+    assert len(rows) == 2 and rows[1].startswith("demo,")
+    assert (out / "summary.md").is_file() and (out / "metrics.png").is_file()

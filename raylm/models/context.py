@@ -11,6 +11,7 @@ cannot score and a rotary one was not trained for.
 from __future__ import annotations
 
 from raylm.errors import RaylmError
+from raylm.models.loading import text_config
 from raylm.models.spec import ModelSpec
 
 # transformers sets model_max_length to int(1e30) when a tokenizer states no limit; anything this large is none.
@@ -27,7 +28,7 @@ _POSITIONS_AFTER_PADDING = frozenset({
 def config_max_length(config) -> int | None:
     """The context length the model config states (text_config first), if any: lm-eval's first sources, which
     need no tokenizer, so an actor that has one never pays for loading it."""
-    cfg = getattr(config, "text_config", None) or config
+    cfg = text_config(config)
     for attr in _SEQLEN_CONFIG_ATTRS:
         value = getattr(cfg, attr, None)
         if value is not None:

@@ -113,8 +113,10 @@ def resolve_scorer(spec: ModelSpec, config) -> str:
 
 
 def text_config(config):
-    """The language model's own config, for models whose top-level config wraps one (Gemma-3, LLaVA-style)."""
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
+    """The language model's own config, for models whose top-level config wraps one (Gemma-3, LLaVA-style), found
+    as lm-eval's HFLM finds it (its context length and vocabulary size read `config.text_config` first), so every
+    reader of the config agrees with lm-eval on which one is meant."""
+    return getattr(config, "text_config", None) or config
 
 
 def load_implementation(config, trust_remote_code: bool) -> str | None:

@@ -9,6 +9,7 @@ is validated, before any thread starts.
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,15 @@ class ModelSpec:
     # the token empty contexts and rolling windows are conditioned on (default BOS, else EOS).
     add_bos_token: bool | None = None
     prefix_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        # Whether a path names a directory on disk is decided here, once, where the spec is made (the driver): a
+        # local one becomes absolute, so actors in another working directory, or on another node, never guess
+        # again, and a hub id that exists nowhere here stays a hub id everywhere.
+        for name in ("path", "peft"):
+            value = getattr(self, name)
+            if value is not None and (looks_local(value) or Path(value).exists()):
+                object.__setattr__(self, name, os.path.abspath(os.path.expanduser(value)))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -155,8 +165,9 @@ def _importable(name: str) -> bool:
 
 
 def looks_local(path: str) -> bool:
-    """Hub ids are 'name' or 'org/name'; anything else is meant as a directory on disk."""
-    return path.startswith((".", "/", "~")) or path.count("/") > 1 or Path(path).exists()
+    """Hub ids are 'name' or 'org/name'; anything else is meant as a directory on disk. A spec's paths were made
+    absolute where it was made if they exist there (ModelSpec), so this never asks the filesystem."""
+    return path.startswith((".", "/", "~")) or path.count("/") > 1
 
 
 def model_source(spec: ModelSpec) -> str:

@@ -27,10 +27,11 @@ from raylm.requests.masked import MaskedEncoder, MaskedRequest
 from raylm.requests.native import Tables
 from raylm.requests.shards import LMEVAL_KIND
 from raylm.requests.table import (
-    Request as Encoded,
+    describe_problems,
     request_tokens,
     rolling_windows,
     truncated,
+    unscorable,
     warn_truncated,
     with_masked_columns,
 )
@@ -47,12 +48,6 @@ SCHEMA = pa.schema([
     ("continuation", pa.list_(pa.int32())),
 ])
 MASKED_SCHEMA = with_masked_columns(SCHEMA)
-
-
-# Why a request cannot be scored: its continuation encodes to no tokens, or to more than fit; or its context, only
-# whitespace, encodes to none (a GPT-2 tokenizer's "").
-EMPTY, LONG, NO_CONTEXT = "empty", "long", "no context"
-Problem = tuple[str, int, int, str, int]  # (task, doc_id, idx, why, continuation tokens)
 
 
 def request_table(requests: list[Request], encoder: Encoder | MaskedEncoder,
@@ -76,7 +71,7 @@ def request_table(requests: list[Request], encoder: Encoder | MaskedEncoder,
             windows = next(windowed)
         else:
             windows = [next(encoded)]
-            why = _unscorable(windows[0], encoder.max_length)
+            why = unscorable(windows[0], encoder.max_length)
             if why is not None:
                 problems.append((request, why, len(request_tokens(windows[0])[1])))
             cut[request.task] += truncated(windows[0], encoder.max_length)
@@ -91,38 +86,6 @@ def request_table(requests: list[Request], encoder: Encoder | MaskedEncoder,
     for task, count in cut.items():
         warn_truncated(task, count, encoder.max_length)
     return pa.table(cols, schema=schema.with_metadata(metadata)), problems
-
-
-def _unscorable(item: Encoded, max_length: int) -> str | None:
-    """A masked request's context is already cut to fit (and never empty); its continuation must fit with the
-    special tokens."""
-    context, continuation = request_tokens(item)
-    if not continuation:
-        return EMPTY
-    if (item.length if isinstance(item, MaskedRequest) else len(continuation)) > max_length:
-        return LONG
-    return None if context else NO_CONTEXT
-
-
-def describe_problems(problems: list[Problem], max_length: int) -> str:
-    """One line for every unscorable request of every task, grouped by task."""
-    by_task: dict[str, list[Problem]] = {}
-    for problem in problems:
-        by_task.setdefault(problem[0], []).append(problem)
-    parts = []
-    for task, mine in by_task.items():
-        long = [f"doc {d} request {i} ({n} tokens)" for _, d, i, why, n in mine if why == LONG]
-        empty = [f"doc {d} request {i}" for _, d, i, why, _ in mine if why == EMPTY]
-        no_context = [f"doc {d} request {i}" for _, d, i, why, _ in mine if why == NO_CONTEXT]
-        if long:
-            parts.append(f"{task}: {len(long)} continuation(s) longer than the model's {max_length}-token context, "
-                         f"which lm-eval cannot score either: {', '.join(long)}")
-        if empty:
-            parts.append(f"{task}: {len(empty)} continuation(s) encode to no tokens: {', '.join(empty)}")
-        if no_context:
-            parts.append(f"{task}: {len(no_context)} context(s) of only whitespace encode to no tokens, which "
-                         f"lm-eval cannot score either (HFLM asserts a non-empty context): {', '.join(no_context)}")
-    return "; ".join(parts)
 
 
 def task_metadata(built: Built, task: str) -> dict[bytes, bytes]:

@@ -7,8 +7,8 @@ their inputs, so documents sharing a prefix are adjacent; each document keeps it
 since an actor reduces whole documents (raylm.requests.shards). A shard is then cut where adjacent documents share
 the least, among the document boundaries near the size asked for.
 
-Results are keyed by (doc_id, req_idx[, window]), never by position, and the driver puts them back in the table's
-own order (`restore`), so neither ordering nor cut points change a number.
+Results are keyed by (doc_id, req_idx[, window]), never by position: the driver puts them back in the table's own
+order by that key (`restore`), so neither ordering nor cut points change a number.
 """
 
 from __future__ import annotations
@@ -18,8 +18,11 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
+from raylm.errors import RaylmError
+
 # A cut may move this fraction of the shard size either way to land on a boundary where less is shared.
 CUT_SLACK = 1 / 4
+KEY_COLUMNS = ("doc_id", "req_idx", "window")  # what names a request's row: the window only in lm-eval's tables
 
 
 def document_runs(table: pa.Table) -> np.ndarray:
@@ -85,8 +88,22 @@ def cut_points(table: pa.Table, max_requests: int) -> list[int]:
     return cuts
 
 
-def restore(scored: pa.Table, order: np.ndarray) -> pa.Table:
-    """Rows scored in `order` (token_order's permutation) put back in the request table's own order."""
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(len(order))
-    return scored.take(pa.array(inverse))
+def restore(scored: pa.Table, requests: pa.Table, task: str) -> pa.Table:
+    """`task`'s scored rows put back in its request table's own order, each matched to its request by key: rows
+    come back shard by shard in whatever order they were cut and scored, so their position proves nothing. Refuses
+    rows whose keys are not exactly the table's, each once."""
+    names = [name for name in KEY_COLUMNS if name in requests.column_names]
+
+    def keys(table: pa.Table) -> list[tuple[int, ...]]:
+        return list(zip(*(table[name].to_pylist() for name in names)))
+
+    where: dict[tuple[int, ...], int] = {}
+    for row, key in enumerate(keys(scored)):
+        if where.setdefault(key, row) != row:
+            raise RaylmError(f"{task}: two results for the request with ({', '.join(names)}) = {key}")
+    wanted = keys(requests)
+    missing = [key for key in wanted if key not in where]
+    if missing or len(wanted) != scored.num_rows:
+        raise RaylmError(f"{task}: {scored.num_rows} results for {len(wanted)} requests (first without a result: "
+                         f"{missing[0] if missing else None}; keyed by {', '.join(names)})")
+    return scored.take(pa.array([where[key] for key in wanted], pa.int64()))

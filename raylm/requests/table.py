@@ -51,15 +51,54 @@ def build_requests(task: Task, docs: list[Doc], encoder: Encoder | MaskedEncoder
         requests = _choice_requests([d for d in docs if isinstance(d, ChoiceDoc)], encoder, cols)
     else:
         requests = _rolling_requests([d for d in docs if isinstance(d, TextDoc)], encoder, cols)
-    if masked:
-        _check_masked_lengths(task, cols["doc_id"], requests, encoder.max_length)
-    else:
-        _check_lengths(task, cols, encoder.max_length)
+    problems = [(task.name, doc_id, req_idx, why, len(request_tokens(request)[1]))
+                for doc_id, req_idx, request in zip(cols["doc_id"], cols["req_idx"], requests)
+                if (why := unscorable(request, encoder.max_length)) is not None]
+    if problems:
+        raise RaylmError(describe_problems(problems, encoder.max_length))
     warn_truncated(task.name, sum(truncated(r, encoder.max_length) for r in requests), encoder.max_length)
     return pa.table(cols, schema=MASKED_SCHEMA if masked else SCHEMA)
 
 
 Request = tuple[list[int], list[int]] | MaskedRequest  # (context, continuation) for a causal LM
+
+# Why a request cannot be scored: its continuation encodes to no tokens, or to more than fit; or its context, only
+# whitespace, encodes to none (a GPT-2 tokenizer's ""). Native and lm-eval tables and the scorer all ask unscorable.
+EMPTY, LONG, NO_CONTEXT = "empty", "long", "no context"
+Problem = tuple[str, int, int, str, int]  # (task, doc_id, request index, why, continuation tokens)
+
+
+def unscorable(request: Request, max_length: int) -> str | None:
+    """Why `request` cannot be scored, or None. A causal request's context is left-truncated to fit, but its
+    continuation must fit whole and follow at least one context token (HFLM asserts both); a masked request's
+    context is already cut to fit (and never empty), and its continuation must fit with the special tokens."""
+    context, continuation = request_tokens(request)
+    if not continuation:
+        return EMPTY
+    if (request.length if isinstance(request, MaskedRequest) else len(continuation)) > max_length:
+        return LONG
+    return None if context else NO_CONTEXT
+
+
+def describe_problems(problems: list[Problem], max_length: int) -> str:
+    """One line for every unscorable request of every task, grouped by task."""
+    by_task: dict[str, list[Problem]] = {}
+    for problem in problems:
+        by_task.setdefault(problem[0], []).append(problem)
+    parts = []
+    for task, mine in by_task.items():
+        long = [f"doc {d} request {i} ({n} tokens)" for _, d, i, why, n in mine if why == LONG]
+        empty = [f"doc {d} request {i}" for _, d, i, why, _ in mine if why == EMPTY]
+        no_context = [f"doc {d} request {i}" for _, d, i, why, _ in mine if why == NO_CONTEXT]
+        if long:
+            parts.append(f"{task}: {len(long)} continuation(s) longer than the model's {max_length}-token context, "
+                         f"which lm-eval cannot score either: {', '.join(long)}")
+        if empty:
+            parts.append(f"{task}: {len(empty)} continuation(s) encode to no tokens: {', '.join(empty)}")
+        if no_context:
+            parts.append(f"{task}: {len(no_context)} context(s) of only whitespace encode to no tokens, which "
+                         f"lm-eval cannot score either (HFLM asserts a non-empty context): {', '.join(no_context)}")
+    return "; ".join(parts)
 
 
 def truncated(request: Request, max_length: int) -> bool:
@@ -124,27 +163,3 @@ def _append(cols: dict[str, list], doc_id: int, req_idx: int, request: Request, 
                         ("continuation", continuation), ("gold", gold), ("norm_len", norm_len),
                         ("words", words), ("bytes", n_bytes)):
         cols[name].append(value)
-
-
-def _check_masked_lengths(task: Task, doc_ids: list[int], requests: list[MaskedRequest], max_length: int) -> None:
-    """A masked request's context is already cut to fit (raylm.requests.masked); what still does not fit is a
-    continuation too long for the model's max length with its special tokens."""
-    for doc_id, request in zip(doc_ids, requests):
-        if not request.continuation:
-            raise RaylmError(f"{task.name}: doc {doc_id}: the continuation encodes to no tokens")
-        if request.length > max_length:
-            raise RaylmError(f"{task.name}: doc {doc_id}: continuation of {len(request.continuation)} tokens does "
-                             f"not fit the model's max length {max_length} with its special tokens")
-
-
-def _check_lengths(task: Task, cols: dict[str, list], max_length: int) -> None:
-    """Long contexts are left-truncated by the scorer (as lm-eval does); over-long continuations cannot be scored."""
-    for doc_id, context, continuation in zip(cols["doc_id"], cols["context"], cols["continuation"]):
-        if not context:
-            raise RaylmError(f"{task.name}: doc {doc_id}: the context is only whitespace and encodes to no tokens, "
-                             "which lm-eval cannot score either")
-        if not continuation:
-            raise RaylmError(f"{task.name}: doc {doc_id}: the continuation encodes to no tokens")
-        if len(continuation) > max_length:
-            raise RaylmError(f"{task.name}: doc {doc_id}: continuation of {len(continuation)} tokens exceeds "
-                             f"the model's max length {max_length}")

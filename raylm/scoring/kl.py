@@ -30,8 +30,8 @@ from transformers import DynamicCache
 
 from raylm.errors import RaylmError
 from raylm.models.devices import input_device
-from raylm.scoring.batching import budget_batches, halving_on_oom
-from raylm.scoring.scorer import LOGITS_BUDGET_BYTES, gather_head_inputs, max_predicted_positions
+from raylm.scoring.batching import TokenBudget, budget_batches, halving_on_oom
+from raylm.scoring.scorer import LOGITS_BUDGET_BYTES, gather_head_inputs, max_predicted_positions, model_input
 
 # Two models' activations per token: a smaller token budget than the Scorer's.
 CPU_TOKEN_BUDGET = 2048
@@ -65,16 +65,20 @@ class KLScorer:
         self.max_length = max_length
         self.width = width
         self.device = input_device(model_p)  # where P's distribution, and so the comparison, lives
-        self.token_budget = token_budget or (GPU_TOKEN_BUDGET if self.device.type == "cuda" else CPU_TOKEN_BUDGET)
+        self.budget = TokenBudget(token_budget or (GPU_TOKEN_BUDGET if self.device.type == "cuda"
+                                                   else CPU_TOKEN_BUDGET))
         budget = (logits_budget or LOGITS_BUDGET_BYTES.get(self.device.type, LOGITS_BUDGET_BYTES["cuda"]))
         self.max_predicted = min(max_predicted_positions(m, m.get_output_embeddings(), budget // LOGITS_SHARE)
                                  for m in (model_p, model_q))
 
+    @property
+    def token_budget(self) -> int:
+        return self.budget.tokens
+
     def score(self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> KLScores:
         inputs, targets = [], []
         for context, continuation in zip(contexts, continuations):
-            whole = (list(context) + list(continuation))[-(self.max_length + 1):]
-            inputs.append(whole[:-1])
+            inputs.append(model_input(context, continuation, self.max_length))
             targets.append(list(continuation))
         # Per request, per continuation token: KL, NLL under P, NLL under Q, argmax disagreement.
         values = [np.zeros((4, len(t))) for t in targets]
@@ -85,8 +89,7 @@ class KLScorer:
                 yield self._passes(batch, inputs, targets), batch, len(batch) == 1
 
         predicting = [i for i, t in enumerate(targets) if t]
-        self.token_budget = halving_on_oom(predicting, batches, lambda passes: self._score(passes, targets, values),
-                                           self.token_budget)
+        halving_on_oom(predicting, batches, lambda passes: self._score(passes, targets, values), self.budget)
         sums = np.array([v.sum(axis=1) for v in values]).reshape(len(values), 4)
         return KLScores(sums[:, 0], sums[:, 1], sums[:, 2], sums[:, 3].astype(np.int64))
 

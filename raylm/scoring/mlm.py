@@ -27,7 +27,7 @@ import torch
 from raylm.models.loading import load_model, load_tokenizer
 from raylm.models.spec import PLL_VARIANTS, ModelSpec
 from raylm.requests.masked import UNSCORED
-from raylm.scoring.batching import budget_batches, halving_on_oom
+from raylm.scoring.batching import TokenBudget, budget_batches, halving_on_oom
 from raylm.scoring.scorer import GPU_START_TOKEN_BUDGET, cpu_token_budget
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,11 @@ class MaskedScorer:
         self.device = next(model.parameters()).device
         if token_budget is None:
             token_budget = GPU_START_TOKEN_BUDGET if self.device.type == "cuda" else cpu_token_budget(model.config)
-        self.token_budget = token_budget
+        self.budget = TokenBudget(token_budget)
+
+    @property
+    def token_budget(self) -> int:
+        return self.budget.tokens
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, batch_size: int | None = None) -> MaskedScorer:
@@ -170,9 +174,7 @@ class MaskedScorer:
             for batch in budget_batches(pending, lambda c: c.width, budget, max_members=self.batch_size):
                 yield batch, batch, len(batch) == 1
 
-        self.token_budget = halving_on_oom(copies, batches,
-                                           lambda batch: self._score_batch(batch, rows, loglik, greedy),
-                                           self.token_budget)
+        halving_on_oom(copies, batches, lambda batch: self._score_batch(batch, rows, loglik, greedy), self.budget)
         return loglik, greedy
 
     def _score_batch(self, batch: list[MaskedCopy], rows: list[list[int]], loglik: np.ndarray,

@@ -23,8 +23,10 @@ from transformers import DynamicCache
 
 from raylm.errors import RaylmError
 from raylm.models.devices import input_device
+from raylm.models.loading import text_config
 from raylm.scoring.attention import AttentionPlan, attention_plan
-from raylm.scoring.batching import budget_batches, halving_on_oom
+from raylm.requests.table import LONG, NO_CONTEXT, unscorable
+from raylm.scoring.batching import TokenBudget, budget_batches, halving_on_oom
 from raylm.scoring.packing import PackedRow, branch_inputs, chain_row
 from raylm.scoring.tree import Step, plan_tree
 
@@ -45,8 +47,10 @@ LOGITS_BUDGET_BYTES = {"cpu": 2 * 2**30, "cuda": 8 * 2**30}
 
 
 class RequestDoesNotFit(RaylmError):
-    """One request predicts more positions than the logits budget holds and cannot be cut (its model is scored
-    unpacked, so no KV cache carries one piece into the next)."""
+    """One request the scorer cannot score: it predicts more positions than the logits budget holds and cannot be
+    cut (its model is scored unpacked, so no KV cache carries one piece into the next), or its continuation is
+    longer than the model's context or follows no context token, so some continuation token has no input
+    position to be predicted from."""
 
     def __init__(self, request: int, message: str):
         super().__init__(message)
@@ -79,7 +83,7 @@ class Scorer:
         self.device = input_device(model)  # where token ids go: the first layer's device
         if token_budget is None:
             token_budget = GPU_START_TOKEN_BUDGET if self.device.type == "cuda" else cpu_token_budget(model.config)
-        self.token_budget = token_budget
+        self.budget = TokenBudget(token_budget)
         head = model.get_output_embeddings()
         if head is None:
             raise ValueError(f"{type(model).__name__} has no output embeddings (LM head) to score with")
@@ -87,6 +91,10 @@ class Scorer:
         self._mask_dtype = getattr(model, "dtype", torch.float32)
         self.max_predicted = max_predicted_positions(model, head, logits_budget or LOGITS_BUDGET_BYTES.get(
             self.device.type, LOGITS_BUDGET_BYTES["cuda"]))
+
+    @property
+    def token_budget(self) -> int:
+        return self.budget.tokens
 
     def score(self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
               *, token_logprobs: bool = False
@@ -98,9 +106,13 @@ class Scorer:
         Any requests may share a prefix: the tree finds what they share, whatever documents they come from.
         """
         inputs, n_targets, targets = [], [], []
-        for context, continuation in zip(contexts, continuations):
-            whole = (list(context) + list(continuation))[-(self.max_length + 1):]
-            inputs.append(whole[:-1])
+        for i, (context, continuation) in enumerate(zip(contexts, continuations)):
+            why = unscorable((context, continuation), self.max_length)
+            if why in (LONG, NO_CONTEXT):
+                raise RequestDoesNotFit(i, f"a continuation of {len(continuation)} tokens after {len(context)} "
+                                           "context tokens cannot be scored: it must follow at least one context "
+                                           f"token and be at most the model's {self.max_length} tokens long")
+            inputs.append(model_input(context, continuation, self.max_length))
             targets.append(list(continuation))
             n_targets.append(len(continuation))
         self.held_tokens += sum(len(x) for x in inputs)
@@ -117,17 +129,17 @@ class Scorer:
             for request, s in last.items():
                 members[s].append(request)
             for step, done in zip(steps, members):
-                row = step.rows[0]
-                smallest = len(step.rows) == 1 and (len(row.tokens) <= 1 or not (row.branched or step.cached))
+                # Where the plan takes masks, any row longer than one token can still be cut into pieces over
+                # the KV cache (a smaller budget cuts them); an unpacked model's single row cannot.
+                smallest = len(step.rows) == 1 and (len(step.rows[0].tokens) <= 1 or not self.plan.pack)
                 yield step, done, smallest
 
         # A request with no continuation tokens has nothing to predict (loglikelihood 0, greedy as lm-eval's
         # all() of nothing): no row carries it, so it must not wait to be done.
         predicting = [i for i, n in enumerate(n_targets) if n]
         try:
-            self.token_budget = halving_on_oom(predicting, batches,
-                                               lambda step: self._score_step(step, targets, per_token, hits),
-                                               self.token_budget)
+            halving_on_oom(predicting, batches, lambda step: self._score_step(step, targets, per_token, hits),
+                           self.budget)
         finally:
             self._cache = None  # the walk's cached path, released with the shard
         loglik = np.array([lp.sum() for lp in per_token], dtype=np.float64)
@@ -137,18 +149,29 @@ class Scorer:
     def _plan(self, pending: list[int], inputs: list[list[int]], n_targets: list[int], token_budget: int
               ) -> list[Step]:
         """The forward passes for `pending`: a token tree (raylm.scoring.tree) where the plan packs, else one
-        request per row; rows with no cached path in token-budget batches first, then the walk's cached steps."""
+        request per row; rows with no cached path in token-budget batches first, then the walk's cached steps.
+
+        Unshared, a request still runs in pieces over the KV cache (a tree of one request) where the plan takes
+        masks and it does not fit whole: it predicts more positions than the logits budget holds, or it is wider
+        than a budget that out of memory has cut below where it started."""
+        row_tokens = min(token_budget, ROW_TOKENS_MAX, self.max_predicted)
         if self.share_prefixes and self.plan.pack:
-            row_tokens = min(token_budget, ROW_TOKENS_MAX, self.max_predicted)
             free, cached = plan_tree(pending, inputs, n_targets, row_tokens, self.batch_size)
         else:
+            free, cached = [], []
             for i in pending:
-                if n_targets[i] > self.max_predicted:
+                too_wide = token_budget < self.budget.ceiling and len(inputs[i]) > token_budget
+                if self.plan.pack and (n_targets[i] > self.max_predicted or too_wide):
+                    rows, steps = plan_tree([i], inputs, n_targets, row_tokens, self.batch_size)
+                    free += rows
+                    cached += steps
+                elif n_targets[i] > self.max_predicted:
                     raise RequestDoesNotFit(i, f"{n_targets[i]} predicted tokens need more logits memory than the "
                                                f"budget holds ({self.max_predicted} positions) and this model is "
                                                f"scored unpacked ({self.plan.prefix_sharing}), so they cannot be "
                                                "cut: pass a smaller --max-length")
-            free, cached = [chain_row(inputs[i], i, n_targets[i]) for i in pending], []
+                else:
+                    free.append(chain_row(inputs[i], i, n_targets[i]))
         batched = budget_batches(free, lambda r: len(r.tokens), token_budget, lambda r: len(r.requests),
                                  self.batch_size, lambda r: len(r.predicts), self.max_predicted)
         return [Step(batch) for batch in batched] + cached
@@ -220,6 +243,12 @@ class Scorer:
                 else mask.to(self.device)}
 
 
+def model_input(context: Sequence[int], continuation: Sequence[int], max_length: int) -> list[int]:
+    """The tokens a request feeds the model, as lm-eval's HFLM cuts them: context and continuation left-truncated
+    to their last max_length + 1 tokens, less the last, which is only predicted."""
+    return (list(context) + list(continuation))[-(max_length + 1):][:-1]
+
+
 def _crop(cache: DynamicCache, length: int) -> None:
     """Drop the cache's keys and values past `length` tokens (transformers' crop takes how many to remove)."""
     extra = cache.get_seq_length() - length
@@ -261,7 +290,7 @@ def gather_head_inputs(head: torch.nn.Module, flat: torch.Tensor, rows: int, wid
 
 def max_predicted_positions(model: torch.nn.Module, head: torch.nn.Module, budget: int) -> int:
     """How many positions' logits fit `budget` bytes: float32 logits, plus the model's own copy in its dtype."""
-    vocab = getattr(head, "out_features", None) or model.config.get_text_config().vocab_size
+    vocab = getattr(head, "out_features", None) or text_config(model.config).vocab_size
     dtype = getattr(model, "dtype", torch.float32)
     per_position = vocab * (4 + (0 if dtype == torch.float32 else torch.finfo(dtype).bits // 8))
     return max(1, budget // per_position)

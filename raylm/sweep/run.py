@@ -29,7 +29,7 @@ from raylm.cluster.runtime import (
     wants_gpu,
 )
 from raylm.config import EvalConfig
-from raylm.errors import RaylmError, RemoteError
+from raylm.errors import RaylmError, RemoteError, first_line
 from raylm.evaluate import evaluate, run_fingerprint
 from raylm.models.identity import pin_revision
 from raylm.models.spec import check_model_path
@@ -65,7 +65,9 @@ def point_dir(out: Path, model: SweepModel, point: SweepPoint) -> Path:
 def run_sweep(sweep: Sweep, out: Path) -> dict[str, ModelRun]:
     """Run every point whose results are not this sweep's, then write the summaries and plots over all points.
 
-    The sweep's output directory is locked for the run, and each point's while it is judged and run."""
+    A model that fails does not stop the others: the summaries and plots cover the models that finished, and then
+    one error names every model that failed. The sweep's output directory is locked for the run, and each point's
+    while it is judged and run."""
     prepare_output(out)
     with output_lock(out):
         for model in sweep.models:
@@ -80,12 +82,31 @@ def run_sweep(sweep: Sweep, out: Path) -> dict[str, ModelRun]:
                     runs[model.name].points_skipped.append(point.name)
                 else:
                     todo.setdefault(model.name, []).append(point)
-        errors = _run_models(sweep, todo, out, runs) if todo else []
+        failures = _run_models(sweep, todo, out, runs) if todo else {}
         _write_manifest(out, runs)
-        if errors:
-            raise errors[0]
-        write_reports(sweep, out)
+        finished = tuple(m for m in sweep.models if m.name not in failures)
+        if finished:
+            write_reports(replace(sweep, models=finished), out)
+        if failures:
+            raise _failed(failures, len(finished))
     return runs
+
+
+def _failed(failures: dict[str, BaseException], finished: int) -> BaseException:
+    """One error naming every failed model. An error that is no RaylmError (a bug) is raised as itself for its
+    traceback, the others' names and errors logged."""
+    for name, error in failures.items():
+        log.error("sweep: %s failed: %s", name, first_line(error))
+    bug = next((e for e in failures.values() if not isinstance(e, RaylmError)), None)
+    if bug is not None:
+        return bug
+    line = "; ".join(f"{name}: {error}" for name, error in failures.items())
+    if finished:
+        line += f" (the summaries cover the {finished} model(s) that finished)"
+    remote = {name: e for name, e in failures.items() if isinstance(e, RemoteError)}
+    if remote:
+        return RemoteError(line, "\n".join(f"{name}:\n{e.traceback}" for name, e in remote.items()))
+    return RaylmError(line)
 
 
 def point_is_current(sweep: Sweep, model: SweepModel, point: SweepPoint, out: Path) -> bool:
@@ -136,16 +157,17 @@ def point_config(sweep: Sweep, model: SweepModel, point: SweepPoint, out: Path, 
 
 
 def _run_models(sweep: Sweep, todo: dict[str, list[SweepPoint]], out: Path, runs: dict[str, ModelRun]
-                ) -> list[BaseException]:
-    """Every model's unfinished points, models side by side; a failing model does not stop the others."""
+                ) -> dict[str, BaseException]:
+    """Every model's unfinished points, models side by side; a failing model does not stop the others. Returns
+    each failed model's error."""
     connect()
     num_cpus = _cpus_per_actor(sweep, len(todo))
     models = {m.name: m for m in sweep.models}
     import_actor_code()  # before the models' threads start (see there)
     with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="sweep") as pool:
-        futures = [pool.submit(_run_model, sweep, models[name], points, out, runs[name], num_cpus)
-                   for name, points in todo.items()]
-    return [f.exception() for f in futures if f.exception() is not None]
+        futures = {name: pool.submit(_run_model, sweep, models[name], points, out, runs[name], num_cpus)
+                   for name, points in todo.items()}
+    return {name: f.exception() for name, f in futures.items() if f.exception() is not None}
 
 
 def _cpus_per_actor(sweep: Sweep, models: int) -> float | None:
@@ -176,10 +198,6 @@ def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], out: P
                 write_results(where, result)
             run.points_run.append(point.name)
             log.info("sweep: %s / %s done", model.name, point.name)
-    except RemoteError as e:
-        raise RemoteError(f"{model.name}: {e}", e.traceback) from e
-    except RaylmError as e:
-        raise RaylmError(f"{model.name}: {e}") from e
     finally:
         kill(actors)
 

@@ -4,7 +4,8 @@ TaskManager() parses every YAML lm-eval ships (and every file they include) on e
 cores, more than the whole of a small evaluation. The index depends only on those files, so it is kept as JSON
 (plain YAML values: no pickle) under raylm's cache directory, keyed by lm-eval's version and every YAML's path,
 size and modification time: any change to lm-eval's task files builds it afresh. An index JSON cannot hold
-exactly is not kept. The cache directory and its switches are raylm.cache's.
+exactly is not kept, and a kept one that cannot be read back (a full disk, a crash mid-write on a filesystem
+without atomic rename) is built and kept afresh. The cache directory and its switches are raylm.cache's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from lm_eval.tasks import TaskManager
 from lm_eval.tasks._index import Entry, Kind, TaskIndex
 
 from raylm.cache import NO_CACHE_ENV, cache_dir
+from raylm.errors import first_line
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +66,21 @@ def _decode(text: str) -> dict[str, Entry]:
 def builtin_index() -> dict[str, Entry]:
     """TaskIndex.build([lm_eval/tasks]): once per process (a sweep resolves names for every point), and from the
     cache directory when lm-eval's YAMLs are unchanged since it was written there."""
-    root = builtin_root()
+    return cached_index(builtin_root())
+
+
+def cached_index(root: Path) -> dict[str, Entry]:
+    """TaskIndex.build([root]), from the cache directory when root's YAMLs are unchanged since it was kept there."""
     directory = cache_dir()
     if directory is None:
         return TaskIndex.build([root])
     path = directory / _key(root)
     if path.is_file():
-        return _decode(path.read_text())
+        try:
+            return _decode(path.read_text())
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("lm-eval's task index kept in %s cannot be read (%s); indexing the tasks again", path,
+                        first_line(e))
     index = TaskIndex.build([root])
     try:
         text = _encode(index)
