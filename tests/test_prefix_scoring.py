@@ -14,7 +14,7 @@ from test_scoring import real_requests
 from transformers import AutoModelForCausalLM
 
 from raylm.scoring.attention import attention_plan
-from raylm.scoring.scorer import RequestDoesNotFit, Scorer
+from raylm.scoring.scorer import CacheIgnored, RequestDoesNotFit, Scorer
 from raylm.scoring.tree import build_trie, plan_tree
 
 
@@ -273,3 +273,30 @@ def test_tree_over_a_cached_head_matches_reference_with_token_logprobs(tiny_llam
     model64 = float64_copy(model)
     for i, (c, k) in enumerate(zip(contexts, continuations)):
         assert loglik[i] == pytest.approx(reference_score(model64, c, k, max_length)[0], rel=1e-6, abs=1e-5)
+
+
+class TakesItsCacheUnderAnotherName(torch.nn.Module):
+    """A model as a transformers release before raylm's floor forwards it: the KV cache under another argument
+    name, so the `cache=` raylm passes lands in **kwargs, unread."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.config = model, model.config
+
+    def get_output_embeddings(self):
+        return self.model.get_output_embeddings()
+
+    def forward(self, input_ids, cache=None, **kwargs):
+        return self.model(input_ids=input_ids, **kwargs)
+
+
+def test_a_model_that_does_not_extend_the_cache_it_is_given_is_refused(tiny_llama):
+    """Rows over a cached few-shot head would otherwise run without their prefix; the pass that ignored the cache
+    fails in one line instead."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    contexts, continuations = fewshot_requests(model.config.vocab_size, seed=48)
+    max_length = model.config.max_position_embeddings
+    Scorer(model, max_length, token_budget=48).score(contexts, continuations)
+    with pytest.raises(CacheIgnored, match="did not extend the KV cache it was given"):
+        Scorer(TakesItsCacheUnderAnotherName(model), max_length, token_budget=48,
+               plan=attention_plan(model)).score(contexts, continuations)

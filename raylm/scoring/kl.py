@@ -31,7 +31,8 @@ from transformers import DynamicCache
 from raylm.errors import RaylmError
 from raylm.models.devices import input_device
 from raylm.scoring.batching import TokenBudget, budget_batches, halving_on_oom
-from raylm.scoring.scorer import LOGITS_BUDGET_BYTES, gather_head_inputs, max_predicted_positions, model_input
+from raylm.scoring.scorer import (LOGITS_BUDGET_BYTES, forward, gather_head_inputs, max_predicted_positions,
+                                  model_input)
 
 # Two models' activations per token: a smaller token budget than the Scorer's.
 CPU_TOKEN_BUDGET = 2048
@@ -138,7 +139,6 @@ class KLScorer:
             ids[r, :len(row)] = torch.tensor(row)
         flat = torch.tensor([r * width + col for r, col, _, _ in predicts], dtype=torch.long)
         device = input_device(model)
-        kwargs = {"cache": cache, "use_cache": True} if cache is not None else {"use_cache": False}
         with gather_head_inputs(model.get_output_embeddings(), flat, len(rows), width):
-            logits = model(input_ids=ids.to(device), **kwargs).logits
+            logits = forward(model, ids.to(device), cache).logits
         return torch.log_softmax(logits[0, :, :self.width].float(), dim=-1)

@@ -57,6 +57,10 @@ class RequestDoesNotFit(RaylmError):
         self.request = request
 
 
+class CacheIgnored(RaylmError):
+    """The model ran without the KV cache raylm gave it: scores over a cached prefix would be wrong."""
+
+
 class HeadMisuse(RaylmError):
     """The model did not compute its logits by running its output-embedding module once on the hidden states."""
 
@@ -186,8 +190,6 @@ class Scorer:
             ids[r, :len(row.tokens)] = torch.tensor(row.tokens)
         cache = self._cache_for(step)
         kwargs = self._model_inputs(batch, width, step.cached, cache is not None)
-        if cache is not None:
-            kwargs["cache"] = cache
         columns: dict[int, int] = {}  # flat (row, column) -> index among the gathered hidden states
         picks, target_ids, owners = [], [], []
         for r, row in enumerate(batch):
@@ -197,7 +199,7 @@ class Scorer:
                 owners.append((request, t))
         flat = torch.tensor(list(columns), dtype=torch.long, device=self.device)
         with gather_head_inputs(self._head, flat, len(batch), width):
-            logits = self.model(input_ids=ids.to(self.device), use_cache=cache is not None, **kwargs).logits
+            logits = forward(self.model, ids.to(self.device), cache, **kwargs).logits
         if cache is not None and not step.keep:
             _crop(cache, step.cached)
         if tuple(logits.shape[:2]) != (1, len(columns)):
@@ -247,6 +249,23 @@ def model_input(context: Sequence[int], continuation: Sequence[int], max_length:
     """The tokens a request feeds the model, as lm-eval's HFLM cuts them: context and continuation left-truncated
     to their last max_length + 1 tokens, less the last, which is only predicted."""
     return (list(context) + list(continuation))[-(max_length + 1):][:-1]
+
+
+def forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache | None, **kwargs):
+    """The model's forward pass, over `cache` (which it extends) where there is one.
+
+    The cache is passed as `cache=`, the name transformers 5 takes. A release that takes it under another name
+    would put it in **kwargs unread and attend to no prefix: the rows over a cached few-shot head would be scored
+    without it. So a pass that did not extend the cache by its own width is refused."""
+    if cache is None:
+        return model(input_ids=input_ids, use_cache=False, **kwargs)
+    before = cache.get_seq_length()
+    out = model(input_ids=input_ids, cache=cache, use_cache=True, **kwargs)
+    if cache.get_seq_length() != before + input_ids.shape[1]:
+        raise CacheIgnored(f"{type(model).__name__} did not extend the KV cache it was given ({before} tokens, then "
+                           f"{cache.get_seq_length()} after {input_ids.shape[1]} more): it takes the cache under "
+                           "another argument than `cache`, as transformers releases before raylm's floor do")
+    return out
 
 
 def _crop(cache: DynamicCache, length: int) -> None:
