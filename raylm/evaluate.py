@@ -239,7 +239,7 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
     extra = {"scorer": scorer, "pll": cfg.model.pll if scorer == "mlm" else None,
              "shards": len(shards), "max_length": encoder.max_length,
              "prefix_sharing": prefix_sharing(scored[s.index].prefix_sharing for s in shards),
-             "tokens": token_counts((s.task, scored[s.index].input_tokens, scored[s.index].computed_tokens)
+             "tokens": token_counts((s.task, scored[s.index].tokens_in_requests, scored[s.index].computed_tokens)
                                     for s in shards),
              "requests_scored": sum(s.table.num_rows for s in todo), "shards_retried": report.retried,
              "shards_resumed": resumed, "actors_replaced": report.replaced, "ray_gcs_address": gcs_address(),

@@ -46,14 +46,14 @@ def score_shard(scorer: Scorer | MaskedScorer, kind: str, shard: pa.Table) -> Sc
         scored = shard.drop_columns(["context", "continuation", *MASKED_COLUMNS])
         tokens: tuple[int | None, int | None] = (None, None)
     else:
-        held, computed = scorer.held_tokens, scorer.computed_tokens
+        in_requests, computed = scorer.tokens_in_requests, scorer.computed_tokens
         try:
             loglik, greedy = scorer.score(contexts, continuations)
         except RequestDoesNotFit as e:
             raise RaylmError(f"document {shard['doc_id'][e.request].as_py()} (request "
                              f"{shard['req_idx'][e.request].as_py()}, {len(contexts[e.request])} + "
                              f"{len(continuations[e.request])} tokens): {e}") from e
-        tokens = (scorer.held_tokens - held, scorer.computed_tokens - computed)
+        tokens = (scorer.tokens_in_requests - in_requests, scorer.computed_tokens - computed)
         scored_tokens = pc.list_value_length(shard["continuation"])
         scored = shard.drop_columns(["context", "continuation"])
     for name, column in (("loglikelihood", pa.array(loglik, pa.float64())), ("is_greedy", pa.array(greedy)),

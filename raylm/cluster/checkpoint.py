@@ -43,7 +43,7 @@ _PID_KEY = b"raylm.pid"  # also what marks a shard file as raylm's (raylm.storag
 _PREFIX_SHARING_KEY = b"raylm.prefix_sharing"
 _DEVICE_KEY = b"raylm.device"
 _DTYPE_KEY = b"raylm.dtype"
-_INPUT_TOKENS_KEY = b"raylm.input_tokens"
+_TOKENS_IN_REQUESTS_KEY = b"raylm.tokens_in_requests"
 _COMPUTED_TOKENS_KEY = b"raylm.computed_tokens"
 SCORING_LIBRARIES = ("torch", "transformers", "lm_eval")
 RAYLM_ROOT = Path(raylm.__file__).parent
@@ -188,7 +188,8 @@ class Checkpoint:
                 _DTYPE_KEY: str(scored.dtype).encode()}
         if scored.prefix_sharing is not None:
             tags[_PREFIX_SHARING_KEY] = scored.prefix_sharing.encode()
-        for key, count in ((_INPUT_TOKENS_KEY, scored.input_tokens), (_COMPUTED_TOKENS_KEY, scored.computed_tokens)):
+        for key, count in ((_TOKENS_IN_REQUESTS_KEY, scored.tokens_in_requests),
+                           (_COMPUTED_TOKENS_KEY, scored.computed_tokens)):
             if count is not None:
                 tags[key] = str(count).encode()
         table = scored.table.replace_schema_metadata(tags)
@@ -221,7 +222,7 @@ class Checkpoint:
                                             verdict, tags.get(_DEVICE_KEY, b"unknown").decode(),
                                             tags.get(_DTYPE_KEY, b"unknown").decode(),
                                             *(int(tags[k]) if k in tags else None
-                                              for k in (_INPUT_TOKENS_KEY, _COMPUTED_TOKENS_KEY)))
+                                              for k in (_TOKENS_IN_REQUESTS_KEY, _COMPUTED_TOKENS_KEY)))
         return done
 
 

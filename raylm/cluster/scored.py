@@ -22,5 +22,5 @@ class ScoredShard:
     prefix_sharing: str | None = None
     device: str = "unknown"
     dtype: str = "unknown"
-    input_tokens: int | None = None
+    tokens_in_requests: int | None = None
     computed_tokens: int | None = None

@@ -145,15 +145,15 @@ def _is_rolling(result: EvalResult, name: str) -> bool:
 
 def token_counts(shards: Iterable[tuple[str, int | None, int | None]]) -> dict[str, dict[str, int]]:
     """config.tokens: per task, the tokens its requests hold (scoring each alone would compute them) and the tokens
-    the actors computed, from (task, input tokens, computed tokens) per shard; tasks whose shards do not say (a
+    the actors computed, from (task, tokens in requests, computed tokens) per shard; tasks whose shards do not say (a
     masked LM's) are left out."""
     out: dict[str, dict[str, int]] = {}
     known: dict[str, bool] = {}
-    for task, held, computed in shards:
+    for task, in_requests, computed in shards:
         counts = out.setdefault(task, {"in_requests": 0, "computed": 0})
-        known[task] = known.get(task, True) and held is not None and computed is not None
+        known[task] = known.get(task, True) and in_requests is not None and computed is not None
         if known[task]:
-            counts["in_requests"] += held
+            counts["in_requests"] += in_requests
             counts["computed"] += computed
     return {task: counts for task, counts in out.items() if known[task]}
 

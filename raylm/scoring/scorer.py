@@ -82,7 +82,7 @@ class Scorer:
         self.plan = plan or attention_plan(model)
         self.packed_rows = 0  # rows holding several requests or continuing a cached path, scored so far
         self.computed_tokens = 0  # token columns run through the model so far (padding excluded)
-        self.held_tokens = 0  # input tokens of the requests scored so far, as truncated to max_length
+        self.tokens_in_requests = 0  # input tokens of the requests scored so far, as truncated to max_length
         self._cache: DynamicCache | None = None  # the tree walk's cached path while a call runs
         self.device = input_device(model)  # where token ids go: the first layer's device
         if token_budget is None:
@@ -119,7 +119,7 @@ class Scorer:
             inputs.append(model_input(context, continuation, self.max_length))
             targets.append(list(continuation))
             n_targets.append(len(continuation))
-        self.held_tokens += sum(len(x) for x in inputs)
+        self.tokens_in_requests += sum(len(x) for x in inputs)
         per_token = [np.zeros(n, dtype=np.float64) for n in n_targets]
         hits = [np.zeros(n, dtype=bool) for n in n_targets]
 
