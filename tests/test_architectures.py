@@ -248,7 +248,7 @@ def test_at_bfloat16_the_startup_check_passes_the_right_layout_and_fails_every_w
     assert right.agrees, right.verdict()
     for label, masks in wrong_layouts(plan).items():
         wrong = packing_check(model, MAX_LENGTH, replace(plan, masks=masks), first)
-        record_property(f"max_abs_{label}", wrong.max_abs)
+        record_property(f"max_abs_{label}", float(wrong.max_abs))
         assert not wrong.agrees, f"{label}: {wrong.verdict()}"
 
 

@@ -143,8 +143,8 @@ def test_predictions_differ_only_where_lm_eval_cannot_tell_the_choices_apart(sco
             ties += gap == 0
             within = lmeval_rounding(dtype) * max(abs(theirs[a]), abs(theirs[b]))
             assert gap <= within, f"{task} doc {doc}: raylm picks {a}, lm-eval {b}, {gap:.3g} apart in lm-eval"
-        record_property(f"{task}_differ", differ)
-        record_property(f"{task}_exact_ties", ties)
+        record_property(f"{task}_differ", int(differ))
+        record_property(f"{task}_exact_ties", int(ties))
 
 
 @pytest.mark.parametrize("name,dtype", CASES)
