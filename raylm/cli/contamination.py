@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from raylm.cli.options import task_names
 from raylm.corpus import SCAN_ROWS_PER_BATCH
 from raylm.corpus.read import FORMATS as CORPUS_FORMATS
 from raylm.results.report import prepare_output
@@ -39,7 +40,7 @@ def run_contamination_command(args: argparse.Namespace) -> int:
     from raylm.contamination.report import format_table, run_contamination
     from raylm.contamination.scan import ScanConfig
 
-    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    tasks = task_names(args.tasks)
     cfg = ScanConfig(tasks, tuple(args.corpus), args.fmt, args.text_column, args.ngram, args.data_dir,
                      args.include_path, args.limit, args.limit_docs, args.actors, args.docs_per_batch,
                      not args.no_progress)

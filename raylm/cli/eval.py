@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from raylm.cli.lmeval import PairsAction, parse_pairs, read_samples
-from raylm.cli.options import add_model_options, add_scorer_options, model_spec
+from raylm.cli.options import add_model_options, add_scorer_options, model_spec, task_names
 from raylm.config import (DEFAULT_BOOTSTRAP_ITERS, DEFAULT_FEWSHOT_SEED, DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED,
                           EvalConfig, parse_batch_size)
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
@@ -138,7 +138,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         raise RaylmError("--load-in-4bit and --load-in-8bit: choose one")
     spec = model_spec(args, model, args.revision, scorer=args.scorer, pll=args.pll, max_length=args.max_length,
                       peft=args.peft, add_bos_token=args.add_bos_token, prefix_token_id=args.prefix_token_id)
-    tasks = tuple(t.strip() for item in args.tasks for t in item.split(",") if t.strip())
+    tasks = task_names(args.tasks)
     random_seed, numpy_seed, torch_seed, fewshot_seed = args.seed
     chat_args = args.chat_template_args if isinstance(args.chat_template_args, dict) else \
         parse_pairs(args.chat_template_args, "--chat-template-args") if args.chat_template_args else None

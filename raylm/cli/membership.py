@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from raylm.cli.options import add_model_options, model_spec
+from raylm.cli.options import add_model_options, model_spec, task_names
 from raylm.corpus import MEMBERSHIP_DOCS_PER_BATCH
 from raylm.results.report import prepare_output
 
@@ -36,7 +36,7 @@ def run_membership_command(args: argparse.Namespace) -> int:
     from raylm.contamination.membership_run import MembershipConfig, format_table, run_membership
 
     spec = model_spec(args, args.model, args.revision, max_length=args.max_length)
-    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    tasks = task_names(args.tasks)
     cfg = MembershipConfig(spec, tasks, args.k, args.data_dir, args.include_path, args.limit, args.actors,
                            args.docs_per_batch, not args.no_progress)
     cfg.validate()

@@ -35,6 +35,12 @@ def add_scorer_options(parser: argparse.ArgumentParser) -> None:
                         help="a masked LM's PLL: original (Salazar et al.) or word-l2r (Kauf & Ivanova)")
 
 
+def task_names(values: str | list[str]) -> tuple[str, ...]:
+    """Task names given comma- and/or space-separated (`--tasks a,b c`), empty pieces dropped."""
+    items = [values] if isinstance(values, str) else values
+    return tuple(t.strip() for item in items for t in item.split(",") if t.strip())
+
+
 def output_dir(args: argparse.Namespace) -> Path:
     if args.command == "sweep":
         return args.output or Path("raylm-sweeps") / args.file.stem
