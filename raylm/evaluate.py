@@ -42,7 +42,6 @@ from raylm.results.decontamination import clean_documents, native_decontaminated
 from raylm.results.metrics import choice_metrics, rolling_metrics
 from raylm.results.report import EvalResult, TaskResult, prefix_sharing, run_summary, token_counts
 from raylm.results.sums import merge
-from raylm.scoring.sums import shard_sums
 from raylm.storage.lock import output_lock
 from raylm.tasks import get_task
 from raylm.tasks.lmeval.selection import select_lmeval

@@ -31,7 +31,7 @@ ALLOWED = {
     "cluster": {"models", "requests", "scoring", "storage"},
     "results": {"config", "models", "requests", "scoring", "storage", "tasks"},
     "corpus": {"cluster", "models", "requests", "results", "scoring", "storage"},
-    "evaluate": {"cluster", "config", "models", "requests", "results", "scoring", "storage", "tasks"},
+    "evaluate": {"cluster", "config", "models", "requests", "results", "storage", "tasks"},
     "sweep": {"cluster", "config", "data", "evaluate", "models", "results", "scoring", "storage", "tasks"},
     "probe": {"data", "models", "results", "scoring", "storage"},
     # a corpus job beside corpus/: task queries (tasks) -> n-grams -> a corpus streamed by Ray Data (corpus,

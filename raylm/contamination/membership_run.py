@@ -36,7 +36,7 @@ from raylm.results.report import prefix_sharing, run_config
 from raylm.scoring.membership import DEFAULT_K, check_k
 from raylm.storage.atomic import write_atomic
 from raylm.storage.lock import output_lock
-from raylm.storage.ownership import check_results_owner, is_raylm_parquet, results_kind, tagged
+from raylm.storage.ownership import check_results_owner, tagged
 
 MEMBERSHIP_JSON = "membership.json"
 MEMBERSHIP_PARQUET = "membership.parquet"

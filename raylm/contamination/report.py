@@ -15,11 +15,10 @@ from typing import Any
 
 import raylm
 from raylm.contamination.scan import MATCHES, ScanConfig, ScanResult, run_scan
-from raylm.errors import RaylmError
 from raylm.results.contamination import CONTAMINATION_JSON, query_digest
 from raylm.storage.atomic import write_atomic
 from raylm.storage.lock import output_lock
-from raylm.storage.ownership import check_results_owner, is_raylm_parquet, results_kind
+from raylm.storage.ownership import check_results_owner
 
 CHART = "contamination.png"
 

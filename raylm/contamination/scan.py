@@ -32,7 +32,6 @@ from raylm.corpus.read import FORMATS, document_texts, read_corpus
 from raylm.corpus.stream import PartialParquet, stream_batches
 from raylm.errors import RaylmError
 from raylm.storage.lock import output_lock
-from raylm.storage.ownership import tagged_schema
 
 MATCHES = "matches.parquet"
 MATCH_SCHEMA = pa.schema([("task", pa.string()), ("doc_id", pa.int64()), ("file", pa.string()), ("row", pa.int64()),

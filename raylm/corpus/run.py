@@ -32,14 +32,12 @@ from raylm.models.loading import load_config, load_tokenizer, resolve_scorer, te
 from raylm.models.spec import ModelSpec, check_model_path
 from raylm.requests.masked import MaskedEncoder
 from raylm.results.metrics import kl_metrics, ppl_metrics, pseudo_ppl_metrics
-from raylm.storage.lock import output_lock
-from raylm.storage.ownership import RESULTS, check_results_owner
 from raylm.results.report import prefix_sharing, run_config
 from raylm.results.sums import corpus_batch_sums, merge
 from raylm.scoring.mlm import MASKED_PREFIX_SHARING
 from raylm.storage.atomic import write_atomic
 from raylm.storage.lock import output_lock
-from raylm.storage.ownership import RESULTS, check_results_owner, tagged_schema
+from raylm.storage.ownership import RESULTS, check_results_owner
 
 log = logging.getLogger(__name__)
 
