@@ -16,7 +16,7 @@ blocks). Each command is then:
 ```python blocks must compile and import only names that exist.
 
 docs/cli.md's flag reference is the parser's own --help text (`python tests/test_docs.py --write` rewrites it),
-and docs/tasks.md's lm-eval flag table names every lm-eval flag raylm renames or refuses.
+and docs/switching-from-lm-eval.md's flag table names every lm-eval flag raylm renames or refuses.
 """
 
 from __future__ import annotations
@@ -307,7 +307,8 @@ def test_the_lm_eval_flag_table_names_every_flag_raylm_renames_or_refuses():
     from raylm.cli import build_parser, eval_options
     from raylm.cli.lmeval import REFUSED, RENAMED, translate
 
-    section = (REPO / "docs" / "tasks.md").read_text().split("## lm-eval flags", 1)[1].split("\n## ", 1)[0]
+    page = (REPO / "docs" / "switching-from-lm-eval.md").read_text()
+    section = page.split("\n## Flags\n", 1)[1].split("\n## ", 1)[0]
     lm_eval_column = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `-")]
     named = {flag for cell in lm_eval_column for flag in re.findall(r"(?<![\w-])(-{1,2}[A-Za-z_]+)", cell)}
     long_refused = {flag for flag in REFUSED if flag.startswith("--")}

@@ -147,7 +147,7 @@ def scored(env):
             if name == "chatml-1shot-multiturn":
                 # The golden model has ChatML as its only template; raylm renders that template by name from the
                 # model that holds it beside a default (lm-eval 0.4.13 would render that model's default there:
-                # docs/tasks.md, deliberate differences).
+                # docs/parity.md, where raylm differs on purpose).
                 cfg = config(env, run, model="chat", apply_chat_template="chatml")
             cache[name] = raylm_run(cfg)
         return cache[name]
