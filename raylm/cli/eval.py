@@ -99,7 +99,8 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--actors", type=int, help="scoring actors (default: one per GPU the cluster has or can grow "
                     "to, up to 16; else one on CPU; see docs/cluster.md)")
     add_model_options(ev)
-    ev.add_argument("--data-dir", type=Path, help="local data laid out like shared/data (default: the hub)")
+    ev.add_argument("--data-dir", type=Path, help="a folder with the native tasks' files, laid out as in "
+                    "docs/task-options.md (default: the hub)")
     ev.add_argument("--output", type=Path, default=Path("raylm-out"),
                     help="directory for results.json and the checkpoint a rerun resumes from")
     ev.add_argument("--overwrite", action="store_true", help="discard results a different run left in --output")
