@@ -253,3 +253,17 @@ def test_the_command_prints_the_table_and_writes_comparison_json_and_csv(runs, t
     assert lines[0].startswith("run_a,run_b,task,metric,n,a,b,diff,diff_stderr")
     assert len(lines) - 1 == sum(len(e["metrics"]) for e in pair["tasks"].values())
     assert main(["compare", str(a), str(tmp_path / "missing")]) == 2
+
+
+def test_a_sweep_compares_every_point_with_its_first_in_summary_order(runs, tmp_path):
+    a, b, _, _ = runs
+    sweep = tmp_path / "sweep"
+    for point, run in (("bf16", b), ("fp32", a), ("again", a)):
+        shutil.copytree(run, sweep / "stories" / point)
+    (sweep / "summary.csv").write_text("model,point\nstories,fp32\nstories,bf16\nstories,again\n")
+    out = compare_runs([sweep])
+    assert out["baseline"] == f"{sweep}/stories/fp32"
+    assert [pair["b"] for pair in out["comparisons"]] == [f"{sweep}/stories/bf16", f"{sweep}/stories/again"]
+    assert out["comparisons"][0]["tasks"] == compare_runs([a, b])["comparisons"][0]["tasks"]
+    same = out["comparisons"][1]["tasks"]["mmlu_local"]
+    assert (same["diff"], same["diff_stderr_clustered"], same["p_value"]) == (0.0, 0.0, 1.0)
