@@ -95,13 +95,14 @@ def lmeval_task_result(built, name: str, scores: dict, docs: int = LIMIT) -> Tas
 
 
 def _native(seed: int) -> tuple[TaskResult, TaskResult]:
-    """HellaSwag (4 documents of 4 choices) and WikiText (3 documents of 2 windows), scored at random."""
+    """HellaSwag (4 documents of 4 choices) and WikiText (3 documents of 2 windows, the last with no words, as a
+    page of numbers would have), scored at random."""
     rng = np.random.default_rng(seed)
     choice = pa.table({"doc_id": np.repeat(np.arange(4), 4), "req_idx": np.tile(np.arange(4), 4),
                        "gold": np.repeat([0, 1, 2, 3], 4), "norm_len": rng.integers(5, 30, 16),
                        "loglikelihood": -rng.gamma(2.0, 10.0, 16), "is_greedy": np.zeros(16, bool)})
     rolling = pa.table({"doc_id": np.repeat(np.arange(3), 2), "req_idx": np.tile([0, 1], 3), "gold": [-1] * 6,
-                        "norm_len": [0] * 6, "words": [40, 0, 25, 0, 60, 0], "bytes": [200, 0, 130, 0, 310, 0],
+                        "norm_len": [0] * 6, "words": [40, 0, 25, 0, 0, 0], "bytes": [200, 0, 130, 0, 310, 0],
                         "loglikelihood": -rng.gamma(50.0, 10.0, 6), "is_greedy": np.zeros(6, bool)})
     sums = {"docs": 4, "correct": 1, "correct_norm": 1}
     hellaswag = TaskResult("hellaswag", "multiple_choice", {"acc,none": 0.25, "acc_stderr,none": 0.25,
@@ -109,7 +110,7 @@ def _native(seed: int) -> tuple[TaskResult, TaskResult]:
                            sums, 4, choice)
     wikitext = TaskResult("wikitext", "rolling", {f"{m},none": 1.0 for m in ("word_perplexity", "byte_perplexity",
                                                                              "bits_per_byte")},
-                          {"docs": 3, "nll": 1.0, "tokens": 9, "words": 125, "bytes": 640}, 3, rolling)
+                          {"docs": 3, "nll": 1.0, "tokens": 9, "words": 65, "bytes": 640}, 3, rolling)
     return hellaswag, wikitext
 
 
@@ -185,10 +186,11 @@ def test_native_tasks_pair_accuracy_and_loglikelihood_per_word_and_byte(runs):
     assert pair["tasks"]["hellaswag"]["metrics"]["acc"]["diff"] == pytest.approx((acc(hb) - acc(ha)).mean())
     assert set(pair["tasks"]["hellaswag"]["metrics"]) == {"acc", "acc_norm"}
 
-    def per_word(task):
-        return task.scored["loglikelihood"].to_numpy().reshape(3, 2).sum(axis=1) / np.array([40, 25, 60])
+    def per_word(task):  # the page without words has no loglikelihood per word: left out of the pairs
+        return task.scored["loglikelihood"].to_numpy().reshape(3, 2).sum(axis=1)[:2] / np.array([40, 25])
 
     words = pair["tasks"]["wikitext"]["metrics"]["loglikelihood_per_word"]
+    assert (words["n"], pair["tasks"]["wikitext"]["metrics"]["loglikelihood_per_byte"]["n"]) == (2, 3)
     assert words["diff"] == pytest.approx((per_word(wb) - per_word(wa)).mean(), rel=1e-12)
     assert words["diff_stderr"] == pytest.approx(scipy.stats.sem(per_word(wb) - per_word(wa)), rel=1e-12)
     assert pair["tasks"]["wikitext"]["not_paired"] == ["bits_per_byte", "byte_perplexity", "word_perplexity"]

@@ -98,7 +98,7 @@ def _sweep_points(path: Path) -> list[tuple[str, str]]:
     if not summary.is_file():
         return found
     with summary.open(encoding="utf-8", newline="") as f:
-        order = [(row[0], row[1]) for row in list(csv.reader(f))[1:]]
+        order = [(row[0], row[1]) for row in list(csv.reader(f))[1:] if len(row) >= 2]
     return [p for p in order if p in found] + [p for p in found if p not in order]
 
 
@@ -166,6 +166,8 @@ def _from_logged(path: Path, samples: list[dict[str, Any]]) -> DocScores:
         if sorted(docs) != doc_ids.tolist():
             raise RaylmError(f"{path}: filter {filter_key} has other documents than {next(iter(by_filter))}")
         rows = [docs[d] for d in doc_ids.tolist()]
+        if not isinstance(rows[0].get("metrics"), list):
+            raise RaylmError(f"{path}: doc {doc_ids[0]} has no list of `metrics` (not lm-eval's logged samples)")
         for metric in rows[0]["metrics"]:
             name = metric if filter_key == "none" else f"{metric},{filter_key}"
             paired = _per_document(metric, [row.get(metric) for row in rows])
@@ -226,6 +228,15 @@ def _refuse_unpaired(task: str, a: Run, b: Run, sa: DocScores, sb: DocScores) ->
                          f"({seeds[0]} and {seeds[1]})")
 
 
+def _difference(a: np.ndarray, b: np.ndarray, clusters: np.ndarray | None = None) -> Difference | None:
+    """Over the documents with a value in both runs (a page with no words has no loglikelihood per word, and
+    adds nothing to the corpus perplexity either); None if there are none."""
+    keep = np.isfinite(a) & np.isfinite(b)
+    if not keep.any():
+        return None
+    return paired_difference(a[keep], b[keep], clusters[keep] if clusters is not None else None)
+
+
 def _leaves(group: str, subtasks: dict[str, list[str]]) -> list[str]:
     return [leaf for child in subtasks[group]
             for leaf in (_leaves(child, subtasks) if child in subtasks else [child])]
@@ -254,9 +265,9 @@ def compare_pair(a: Run, b: Run) -> dict[str, Any]:
     tasks: dict[str, Any] = {}
     for task, (sa, sb) in scores.items():
         metrics = [m for m in sa.values if m in sb.values]
-        if metrics:
-            tasks[task] = _entry({m: paired_difference(sa.values[m], sb.values[m]) for m in metrics},
-                                 sa.not_paired + sb.not_paired)
+        differences = {m: d for m in metrics if (d := _difference(sa.values[m], sb.values[m])) is not None}
+        if differences:
+            tasks[task] = _entry(differences, sa.not_paired + sb.not_paired)
     subtasks = a.results.get("group_subtasks") or {}
     for group in subtasks:
         if subtasks[group] != (b.results.get("group_subtasks") or {}).get(group):
@@ -270,7 +281,8 @@ def compare_pair(a: Run, b: Run) -> dict[str, Any]:
             va = np.concatenate([scores[leaf][0].values[metric] for leaf in leaves])
             vb = np.concatenate([scores[leaf][1].values[metric] for leaf in leaves])
             clusters = np.concatenate([np.full(len(scores[leaf][0].doc_ids), i) for i, leaf in enumerate(leaves)])
-            differences[metric] = paired_difference(va, vb, clusters)
+            if (difference := _difference(va, vb, clusters)) is not None:
+                differences[metric] = difference
         if differences:
             tasks[group] = _entry(differences, (m for leaf in leaves for m in tasks[leaf]["not_paired"]))
     order = [name for name in a.results.get("results", {}) if name in tasks]
