@@ -57,6 +57,11 @@ def test_a_hand_worked_pair_and_group():
     assert group.diff == 0.5 and group.diff_stderr_clustered == pytest.approx(math.sqrt(2) / 4)
     assert group.clusters == 2 and group.diff_stderr == pytest.approx(math.sqrt(1 / 3) / 2)
     assert group.ci95_low == pytest.approx(0.5 - Z95 * math.sqrt(2) / 4)  # the interval uses the clustered se
+    # one cluster (a group of one subtask, as MMLU's categories here): no clustered se, the subtask's own interval
+    alone = paired_difference(np.zeros(4), np.array([1.0, 1.0, 0.0, 0.0]), np.array(["x"] * 4))
+    plain = paired_difference(np.zeros(4), np.array([1.0, 1.0, 0.0, 0.0]))
+    assert alone.as_dict()["diff_stderr_clustered"] is None and alone.clusters == 1
+    assert (alone.ci95_low, alone.p_value) == (plain.ci95_low, plain.p_value)
     # no document moved by a different amount: a zero standard error, and p 0 (something moved) or 1 (nothing)
     assert paired_difference(np.zeros(3), np.ones(3)).p_value == 0.0
     assert paired_difference(np.ones(1), np.ones(1)).as_dict()["diff_stderr"] is None  # one document: no stderr

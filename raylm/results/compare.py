@@ -321,7 +321,7 @@ def comparison_csv(comparison: dict[str, Any]) -> str:
 
 def format_comparison(comparison: dict[str, Any]) -> str:
     """One table per pair: a row per task (groups too) and metric; `se` is the paired standard error, clustered
-    by subtask for a group, `unpaired` what the runs' own stderrs would give."""
+    by subtask for a group of several, `unpaired` what the runs' own stderrs would give."""
     lines = []
     for pair in comparison["comparisons"]:
         lines.append(f"a = {pair['a']}\nb = {pair['b']}")
@@ -329,7 +329,8 @@ def format_comparison(comparison: dict[str, Any]) -> str:
                      f"{'unpaired':>8} {'95% interval':>21} {'p':>8}")
         for task, entry in pair["tasks"].items():
             for metric, d in entry["metrics"].items():
-                se = d.get("diff_stderr_clustered", d["diff_stderr"])
+                clustered = d.get("diff_stderr_clustered")
+                se = clustered if clustered is not None else d["diff_stderr"]
                 interval = f"[{_num(d['ci95_low'], '+.4f')}, {_num(d['ci95_high'], '+.4f')}]"
                 lines.append(f"{task:<36} {metric:<24} {d['n']:>6} {_num(d['a'], '9.4f')} {_num(d['b'], '9.4f')} "
                              f"{_num(d['diff'], '+9.4f')} {_num(se, '8.4f')} {_num(d['unpaired_stderr'], '8.4f')} "

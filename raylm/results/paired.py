@@ -78,7 +78,12 @@ def paired_difference(a: np.ndarray, b: np.ndarray, clusters: np.ndarray | None 
     d = b - a
     diff, paired = float(d.mean()), stderr_of_mean(d)
     unpaired = math.hypot(stderr_of_mean(a), stderr_of_mean(b))
-    clustered = clustered_stderr(d, np.asarray(clusters)) if clusters is not None else None
-    low, high, p = z_test(diff, clustered if clustered is not None else paired)
+    n_clusters = len(np.unique(clusters)) if clusters is not None else None
+    clustered = None
+    if n_clusters is not None:
+        # One cluster's deviations sum to zero: a group of one subtask has no between-cluster spread to estimate,
+        # and its interval is its subtask's own.
+        clustered = clustered_stderr(d, np.asarray(clusters)) if n_clusters > 1 else math.nan
+    low, high, p = z_test(diff, clustered if clustered is not None and n_clusters > 1 else paired)
     return Difference(len(d), float(a.mean()), float(b.mean()), diff, paired, unpaired, low, high, p, clustered,
-                      len(np.unique(clusters)) if clusters is not None else None)
+                      n_clusters)
