@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from raylm.cli.compare import add_compare_command
 from raylm.cli.contamination import add_contamination_command
 from raylm.cli.corpus import add_corpus_commands
 from raylm.cli.eval import (DEFAULT_SEEDS, add_eval_command, config_from_args, eval_options, eval_parser,
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_probe_command(sub)
     add_contamination_command(sub)
     add_membership_command(sub)
+    add_compare_command(sub)
     return parser
 
 

@@ -184,7 +184,9 @@ def prepare_output(out_dir: Path) -> None:
 
 def write_samples(out_dir: Path, result: EvalResult) -> None:
     """samples/<task>.parquet per request; samples/<task>_docs.parquet per document for multiple choice and, with
-    lm-eval's logged samples, for every lm-eval task; each file written atomically."""
+    lm-eval's logged samples, for every lm-eval task, also as lm-eval's own samples/samples_<task>_<date>.jsonl
+    (raylm.results.sample_logs); each file written atomically."""
+    lmeval_tasks = [name for name, task in result.tasks.items() if task.kind == LMEVAL_KIND]
     for name, task in result.tasks.items():
         path = out_dir / "samples" / f"{name}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -198,6 +200,10 @@ def write_samples(out_dir: Path, result: EvalResult) -> None:
                              "acc": (p.pred == p.gold).astype("int8"),
                              "acc_norm": (p.pred_norm == p.gold).astype("int8")})
             write_parquet_atomic(out_dir / "samples" / f"{name}_docs.parquet", tagged(docs))
+    if lmeval_tasks:
+        from raylm.results.sample_logs import date_id, write_sample_logs
+
+        write_sample_logs(out_dir, {name: result.lmeval["samples"][name] for name in lmeval_tasks}, date_id())
 
 
 def _write_lmeval_samples(path: Path, result: EvalResult, name: str) -> None:

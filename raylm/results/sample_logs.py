@@ -1,0 +1,50 @@
+"""lm-eval's own per-sample logs, `samples_<task>_<date>.jsonl`, beside raylm's Parquet samples.
+
+lm-eval users' scripts, Zeno uploads and hub pushes read these files, so they are written by lm-eval's own code:
+EvaluationTracker.save_results_samples turns each logged sample into its line (arguments as gen_args_i/arg_j,
+responses through sanitize_list, the target as text, json.dumps with handle_non_serializable), and raylm moves the
+file it wrote into the output atomically. The samples are the ones lm-eval's evaluate() logs
+(raylm.results.lmeval), so every field, hash and per-document metric is lm-eval's.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from raylm.storage.atomic import write_atomic
+
+
+def date_id() -> str:
+    """The timestamp lm-eval puts in its file names (EvaluationTracker.date_id): local ISO time, ':' -> '-'."""
+    return datetime.now().isoformat().replace(":", "-")
+
+
+def sample_log_name(task: str, date: str) -> str:
+    return f"samples_{task}_{date}.jsonl"
+
+
+def sample_log(task: str, samples: list[dict[str, Any]]) -> bytes:
+    """The jsonl text lm-eval 0.4.13 writes for one task's logged samples (it rewrites the samples in place, so it
+    is handed a copy)."""
+    from lm_eval.loggers import EvaluationTracker
+
+    with tempfile.TemporaryDirectory(prefix="raylm-samples-") as tmp:
+        # An output path ending in .json makes lm-eval write beside it, without its model-name folder.
+        tracker = EvaluationTracker(output_path=str(Path(tmp) / "results.json"))
+        tracker.date_id = "raylm"
+        tracker.save_results_samples(task, copy.deepcopy(samples))
+        return (Path(tmp) / sample_log_name(task, tracker.date_id)).read_bytes()
+
+
+def write_sample_logs(out_dir: Path, samples: dict[str, list[dict[str, Any]]], date: str) -> list[Path]:
+    """Each task's log under out_dir/samples/, one date for the run, as lm-eval names a run's files."""
+    paths = []
+    for task, logged in samples.items():
+        path = out_dir / "samples" / sample_log_name(task, date)
+        write_atomic(path, sample_log(task, logged))
+        paths.append(path)
+    return paths

@@ -1,0 +1,276 @@
+"""`raylm compare`: the paired statistics against direct computations (numpy/scipy on random data, a hand-worked
+example, the cluster-robust formula as a double sum), and end to end on two runs written by raylm's own writers
+(native and lm-eval tasks, an lm-eval group) and on lm-eval's own output layout, with the refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import scipy.stats
+from conftest import STORIES
+
+from raylm.cli import main
+from raylm.config import EvalConfig
+from raylm.errors import RaylmError
+from raylm.models.spec import ModelSpec
+from raylm.requests.shards import LMEVAL_KIND
+from raylm.results.compare import COMPARISON_CSV, COMPARISON_JSON, compare_runs
+from raylm.results.lmeval import results
+from raylm.results.paired import Z95, clustered_stderr, paired_difference
+from raylm.results.report import EvalResult, TaskResult, write_results, write_samples
+from raylm.results.sample_logs import sample_log, sample_log_name
+
+LMEVAL_TASKS = ("mmlu_local", "arc_easy_local")
+SEEDS = (0, 1234, 1234, 1234)
+LIMIT = 6
+
+
+def test_paired_difference_equals_numpy_and_scipy_on_random_data():
+    rng = np.random.default_rng(3)
+    a = rng.random(200) < 0.4
+    b = np.where(rng.random(200) < 0.8, a, rng.random(200) < 0.6)  # b agrees with a on most documents
+    d = b.astype(np.float64) - a
+    out = paired_difference(a, b)
+    assert out.n == 200 and out.a == a.mean() and out.b == b.mean() and out.diff == pytest.approx(d.mean(), abs=1e-15)
+    assert out.diff_stderr == pytest.approx(scipy.stats.sem(d), rel=1e-12)
+    assert out.unpaired_stderr == pytest.approx(math.hypot(scipy.stats.sem(a), scipy.stats.sem(b)), rel=1e-12)
+    t = scipy.stats.ttest_rel(b.astype(float), a.astype(float))
+    assert out.diff / out.diff_stderr == pytest.approx(t.statistic, rel=1e-12)  # the paired test's statistic
+    assert out.p_value == pytest.approx(2 * scipy.stats.norm.sf(abs(t.statistic)), rel=1e-12)
+    assert (out.ci95_low, out.ci95_high) == pytest.approx(
+        scipy.stats.norm.interval(0.95, loc=d.mean(), scale=scipy.stats.sem(d)), rel=1e-12)
+    assert out.diff_stderr < out.unpaired_stderr / 2
+
+
+def test_a_hand_worked_pair_and_group():
+    # d = (0, 1, 0, -1): mean 0, sd sqrt(2/3), stderr sqrt(2/3) / 2
+    out = paired_difference(np.array([1, 0, 1, 1]), np.array([1, 1, 1, 0]))
+    assert (out.diff, out.diff_stderr, out.p_value) == (0.0, pytest.approx(math.sqrt(2 / 3) / 2), 1.0)
+    assert out.ci95_high == pytest.approx(Z95 * math.sqrt(2 / 3) / 2)
+    # d = (1, 1, 0, 0) in clusters (x, x, y, y): deviations +-0.5, cluster sums 1 and -1: sqrt(2) / 4
+    group = paired_difference(np.zeros(4), np.array([1.0, 1.0, 0.0, 0.0]), np.array(["x", "x", "y", "y"]))
+    assert group.diff == 0.5 and group.diff_stderr_clustered == pytest.approx(math.sqrt(2) / 4)
+    assert group.clusters == 2 and group.diff_stderr == pytest.approx(math.sqrt(1 / 3) / 2)
+    assert group.ci95_low == pytest.approx(0.5 - Z95 * math.sqrt(2) / 4)  # the interval uses the clustered se
+    # one cluster (a group of one subtask, as MMLU's categories here): no clustered se, the subtask's own interval
+    alone = paired_difference(np.zeros(4), np.array([1.0, 1.0, 0.0, 0.0]), np.array(["x"] * 4))
+    plain = paired_difference(np.zeros(4), np.array([1.0, 1.0, 0.0, 0.0]))
+    assert alone.as_dict()["diff_stderr_clustered"] is None and alone.clusters == 1
+    assert (alone.ci95_low, alone.p_value) == (plain.ci95_low, plain.p_value)
+    # no document moved by a different amount: a zero standard error, and p 0 (something moved) or 1 (nothing)
+    assert paired_difference(np.zeros(3), np.ones(3)).p_value == 0.0
+    assert paired_difference(np.ones(1), np.ones(1)).as_dict()["diff_stderr"] is None  # one document: no stderr
+
+
+def test_clustered_stderr_is_the_cluster_robust_double_sum():
+    rng = np.random.default_rng(5)
+    d = rng.normal(size=90) + np.repeat(rng.normal(size=9), 10)  # correlated within clusters
+    clusters = np.repeat(np.arange(9), 10)
+    rng.shuffle(order := np.arange(90))
+    d, clusters = d[order], clusters[order]
+    centred = d - d.mean()
+    double_sum = sum(centred[i] * centred[j] for i in range(90) for j in range(90) if clusters[i] == clusters[j])
+    assert clustered_stderr(d, clusters) == pytest.approx(math.sqrt(double_sum) / 90, rel=1e-12)
+    # every document its own cluster: the plain (n, not n - 1) standard error of the mean
+    assert clustered_stderr(d, np.arange(90)) == pytest.approx(np.std(d) / math.sqrt(90), rel=1e-12)
+
+
+# End to end: runs written by raylm's writers from scores, without a model or Ray.
+
+def random_scores(built, seed: int) -> dict:
+    """(loglikelihood, is_greedy) per request, drawn at random: what a model's scores look like to the writers."""
+    rng = np.random.default_rng(seed)
+    return {(task, r.doc_id, r.idx): (float(-rng.gamma(2.0, 10.0)), bool(rng.random() < 0.2))
+            for task in built.tasks["tasks"] for r in built.requests(task)}
+
+
+def lmeval_task_result(built, name: str, scores: dict, docs: int = LIMIT) -> TaskResult:
+    """An lm-eval task's TaskResult as evaluate() hands it to the writers: one scored row per request."""
+    requests = built.requests(name)
+    scored = pa.table({"doc_id": [r.doc_id for r in requests], "req_idx": [r.idx for r in requests],
+                       "window": [0] * len(requests), "context_tokens": [1] * len(requests),
+                       "continuation_tokens": [1] * len(requests),
+                       "loglikelihood": [scores[(name, r.doc_id, r.idx)][0] for r in requests]})
+    return TaskResult(name, LMEVAL_KIND, {}, {"docs": docs}, docs, scored)
+
+
+def _native(seed: int) -> tuple[TaskResult, TaskResult]:
+    """HellaSwag (4 documents of 4 choices) and WikiText (3 documents of 2 windows, the last with no words, as a
+    page of numbers would have), scored at random."""
+    rng = np.random.default_rng(seed)
+    choice = pa.table({"doc_id": np.repeat(np.arange(4), 4), "req_idx": np.tile(np.arange(4), 4),
+                       "gold": np.repeat([0, 1, 2, 3], 4), "norm_len": rng.integers(5, 30, 16),
+                       "loglikelihood": -rng.gamma(2.0, 10.0, 16), "is_greedy": np.zeros(16, bool)})
+    rolling = pa.table({"doc_id": np.repeat(np.arange(3), 2), "req_idx": np.tile([0, 1], 3), "gold": [-1] * 6,
+                        "norm_len": [0] * 6, "words": [40, 0, 25, 0, 0, 0], "bytes": [200, 0, 130, 0, 310, 0],
+                        "loglikelihood": -rng.gamma(50.0, 10.0, 6), "is_greedy": np.zeros(6, bool)})
+    sums = {"docs": 4, "correct": 1, "correct_norm": 1}
+    hellaswag = TaskResult("hellaswag", "multiple_choice", {"acc,none": 0.25, "acc_stderr,none": 0.25,
+                                                            "acc_norm,none": 0.25, "acc_norm_stderr,none": 0.25},
+                           sums, 4, choice)
+    wikitext = TaskResult("wikitext", "rolling", {f"{m},none": 1.0 for m in ("word_perplexity", "byte_perplexity",
+                                                                             "bits_per_byte")},
+                          {"docs": 3, "nll": 1.0, "tokens": 9, "words": 65, "bytes": 640}, 3, rolling)
+    return hellaswag, wikitext
+
+
+@pytest.fixture(scope="module")
+def built(local_tasks):
+    from raylm.tasks.lmeval.build import load_and_build
+    from raylm.tasks.lmeval.names import select
+
+    return load_and_build(select(list(LMEVAL_TASKS), local_tasks), SEEDS, None, LIMIT)
+
+
+def _write_run(out, built, seed: int) -> dict:
+    """A `raylm eval --log-samples` output for scores drawn with `seed`, through raylm's writers; lm-eval's
+    results dict (with its logged samples) returned."""
+    scores = random_scores(built, seed)
+    theirs = results(built, scores, bootstrap_iters=0)
+    tasks = {t.name: t for t in _native(seed)}
+    tasks.update({name: lmeval_task_result(built, name, scores) for name in built.tasks["tasks"]})
+    cfg = EvalConfig(ModelSpec(str(STORIES)), ("hellaswag", "wikitext", *LMEVAL_TASKS), bootstrap_iters=0)
+    result = EvalResult(cfg, tasks, 1.0, {}, lmeval=theirs)
+    write_samples(out, result)
+    write_results(out, result)
+    return theirs
+
+
+@pytest.fixture(scope="module")
+def runs(built, tmp_path_factory):
+    root = tmp_path_factory.mktemp("compare")
+    a, b = root / "a", root / "b"
+    return a, b, _write_run(a, built, 1), _write_run(b, built, 2)
+
+
+def _accs(samples: list[dict]) -> np.ndarray:
+    return np.array([s["acc"] for s in sorted(samples, key=lambda s: s["doc_id"])], np.float64)
+
+
+def test_compare_equals_a_direct_computation_on_the_runs_per_document_scores(runs):
+    a, b, theirs_a, theirs_b = runs
+    pair = compare_runs([a, b])["comparisons"][0]
+    arc = pair["tasks"]["arc_easy_local"]
+    xa, xb = _accs(theirs_a["samples"]["arc_easy_local"]), _accs(theirs_b["samples"]["arc_easy_local"])
+    assert (arc["metric"], arc["n"], arc["a"], arc["b"]) == ("acc", LIMIT, xa.mean(), xb.mean())
+    assert arc["a"] == theirs_a["results"]["arc_easy_local"]["acc,none"]
+    assert arc["diff_stderr"] == pytest.approx(np.std(xb - xa, ddof=1) / math.sqrt(LIMIT), rel=1e-12)
+    assert set(arc["metrics"]) == {"acc", "acc_norm"} and "diff_stderr_clustered" not in arc
+
+    # mmlu_local: its subjects' documents, clustered by subject
+    subjects = sorted(t for t in theirs_a["samples"] if t.startswith("mmlu_"))
+    da = np.concatenate([_accs(theirs_a["samples"][t]) for t in subjects])
+    db = np.concatenate([_accs(theirs_b["samples"][t]) for t in subjects])
+    clusters = np.repeat(np.arange(len(subjects)), LIMIT)
+    d = db - da
+    centred = d - d.mean()
+    expected = math.sqrt(sum(centred[clusters == c].sum() ** 2 for c in range(len(subjects)))) / len(d)
+    mmlu = pair["tasks"]["mmlu_local"]
+    assert (mmlu["n"], mmlu["clusters"]) == (len(d), len(subjects))
+    assert mmlu["diff"] == pytest.approx(d.mean(), abs=1e-15)
+    assert mmlu["a"] == pytest.approx(theirs_a["groups"]["mmlu_local"]["acc,none"], rel=1e-12)  # size-weighted
+    assert mmlu["diff_stderr_clustered"] == pytest.approx(expected, rel=1e-12)
+    assert mmlu["p_value"] == pytest.approx(math.erfc(abs(d.mean() / expected) / math.sqrt(2)), rel=1e-9)
+    assert "mmlu_local_stem" in pair["tasks"]
+
+
+def test_native_tasks_pair_accuracy_and_loglikelihood_per_word_and_byte(runs):
+    a, b, _, _ = runs
+    pair = compare_runs([a, b])["comparisons"][0]
+    (ha, wa), (hb, wb) = _native(1), _native(2)
+
+    def acc(task):
+        ll = task.scored["loglikelihood"].to_numpy().reshape(4, 4)
+        return (ll.argmax(axis=1) == np.arange(4)).astype(float)
+
+    assert pair["tasks"]["hellaswag"]["metrics"]["acc"]["diff"] == pytest.approx((acc(hb) - acc(ha)).mean())
+    assert set(pair["tasks"]["hellaswag"]["metrics"]) == {"acc", "acc_norm"}
+
+    def per_word(task):  # the page without words has no loglikelihood per word: left out of the pairs
+        return task.scored["loglikelihood"].to_numpy().reshape(3, 2).sum(axis=1)[:2] / np.array([40, 25])
+
+    words = pair["tasks"]["wikitext"]["metrics"]["loglikelihood_per_word"]
+    assert (words["n"], pair["tasks"]["wikitext"]["metrics"]["loglikelihood_per_byte"]["n"]) == (2, 3)
+    assert words["diff"] == pytest.approx((per_word(wb) - per_word(wa)).mean(), rel=1e-12)
+    assert words["diff_stderr"] == pytest.approx(scipy.stats.sem(per_word(wb) - per_word(wa)), rel=1e-12)
+    assert pair["tasks"]["wikitext"]["not_paired"] == ["bits_per_byte", "byte_perplexity", "word_perplexity"]
+
+
+def test_lm_evals_own_output_directory_compares_like_a_raylm_run(runs, tmp_path):
+    """B laid out as lm-eval's --output_path writes it: <model>/results_<date>.json and samples_<task>_<date>.jsonl
+    (an older run beside it, which compare must not read)."""
+    a, b, _, theirs_b = runs
+    model_dir = tmp_path / "lmeval-out" / "stories260K"
+    model_dir.mkdir(parents=True)
+    lmeval_results = (b / "results.json").read_text()  # lm-eval's shape (raylm's extras are keys it ignores)
+    for date, content in (("2026-01-01T00-00-00.000001", "{}"), ("2026-12-03T10-00-00.000001", None)):
+        (model_dir / f"results_{date}.json").write_text(content or lmeval_results)
+        for task, samples in theirs_b["samples"].items():
+            (model_dir / sample_log_name(task, date)).write_bytes(b"" if content else sample_log(task, samples))
+    ours = compare_runs([a, b])["comparisons"][0]["tasks"]
+    theirs = compare_runs([a, tmp_path / "lmeval-out"])["comparisons"][0]["tasks"]
+    lmeval_names = [t for t in ours if t not in ("hellaswag", "wikitext")]
+    assert lmeval_names and {t: ours[t] for t in lmeval_names} == {t: theirs[t] for t in lmeval_names}
+
+
+def test_runs_on_other_documents_or_few_shot_seeds_are_refused_in_one_line(runs, built, tmp_path):
+    a, b, _, _ = runs
+    fewer = tmp_path / "fewer"
+    shutil.copytree(b, fewer)
+    docs = fewer / "samples" / "hellaswag_docs.parquet"
+    import pyarrow.parquet as pq
+
+    pq.write_table(pq.read_table(docs).slice(0, 3), docs)
+    with pytest.raises(RaylmError, match=r"^hellaswag: .* are not on the same documents \(4 and 3, 3 in common"):
+        compare_runs([a, fewer])
+    seeded = tmp_path / "seeded"
+    shutil.copytree(b, seeded)
+    results_path = seeded / "results.json"
+    data = json.loads(results_path.read_text())
+    data["n-shot"]["arc_easy_local"] = data["n-shot"].get("arc_easy_local") or 3
+    data["config"]["fewshot_seed"] = 7
+    results_path.write_text(json.dumps(data))
+    first = json.loads((a / "results.json").read_text())
+    first["n-shot"]["arc_easy_local"] = 3
+    shifted = tmp_path / "a3"
+    shutil.copytree(a, shifted)
+    (shifted / "results.json").write_text(json.dumps(first))
+    with pytest.raises(RaylmError, match=r"^arc_easy_local: .* few-shot examples with other seeds \(1234 and 7\)"):
+        compare_runs([shifted, seeded])
+    with pytest.raises(RaylmError, match="compare needs two runs or more"):
+        compare_runs([a])
+
+
+def test_the_command_prints_the_table_and_writes_comparison_json_and_csv(runs, tmp_path, capsys):
+    a, b, _, _ = runs
+    assert main(["compare", str(a), str(b), "--output", str(tmp_path / "cmp")]) == 0
+    printed = capsys.readouterr().out
+    assert "mmlu_local" in printed and "95% interval" in printed and "wikitext: word_perplexity" in printed
+    written = json.loads((tmp_path / "cmp" / COMPARISON_JSON).read_text())
+    pair = written["comparisons"][0]
+    assert (written["baseline"], pair["a"], pair["b"]) == (str(a), str(a), str(b))
+    assert {"n", "a", "b", "diff", "diff_stderr", "p_value"} <= set(pair["tasks"]["arc_easy_local"])
+    assert "diff_stderr_clustered" in pair["tasks"]["mmlu_local"]
+    lines = (tmp_path / "cmp" / COMPARISON_CSV).read_text().splitlines()
+    assert lines[0].startswith("run_a,run_b,task,metric,n,a,b,diff,diff_stderr")
+    assert len(lines) - 1 == sum(len(e["metrics"]) for e in pair["tasks"].values())
+    assert main(["compare", str(a), str(tmp_path / "missing")]) == 2
+
+
+def test_a_sweep_compares_every_point_with_its_first_in_summary_order(runs, tmp_path):
+    a, b, _, _ = runs
+    sweep = tmp_path / "sweep"
+    for point, run in (("bf16", b), ("fp32", a), ("again", a)):
+        shutil.copytree(run, sweep / "stories" / point)
+    (sweep / "summary.csv").write_text("model,point\nstories,fp32\nstories,bf16\nstories,again\n")
+    out = compare_runs([sweep])
+    assert out["baseline"] == f"{sweep}/stories/fp32"
+    assert [pair["b"] for pair in out["comparisons"]] == [f"{sweep}/stories/bf16", f"{sweep}/stories/again"]
+    assert out["comparisons"][0]["tasks"] == compare_runs([a, b])["comparisons"][0]["tasks"]
+    same = out["comparisons"][1]["tasks"]["mmlu_local"]
+    assert (same["diff"], same["diff_stderr_clustered"], same["p_value"]) == (0.0, 0.0, 1.0)
