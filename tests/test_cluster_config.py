@@ -1,20 +1,32 @@
 """cluster.yaml is a launcher config `ray up` accepts: it validates against the autoscaler's own JSON schema,
-shipped inside the installed ray package, and describes GPU workers that install raylm."""
+shipped inside the installed ray package, and describes GPU workers that install raylm. Every manifest (cluster.yaml,
+rayjob.yaml, the Dockerfile) names one Ray, the one installed here; jobs/runtime-env.yaml is a runtime env Ray
+accepts, which installs the checkout and leaves local clutter behind."""
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
+import tomllib
+import zipfile
 from pathlib import Path
 
 import jsonschema
 import ray
 import yaml
+from packaging.requirements import Requirement
+from ray._private.runtime_env.packaging import create_package
+from ray.dashboard.modules.dashboard_sdk import parse_runtime_env_args
+from ray.runtime_env import RuntimeEnv
 
 from raylm.cluster.capacity import HEAD_RESOURCE, NODE_TYPES_ENV, capacity_of, node_types_from_config
 from raylm.cluster.placement import Ask, plan
 
 REPO = Path(__file__).resolve().parents[1]
+RAY_IMAGE = f"rayproject/ray:{ray.__version__}-py311-gpu"
+# What no node or image should receive from a checkout: a local virtualenv (several GB), git's history, outputs.
+CLUTTER = (".venv/", ".git/", "raylm-out/", "raylm-sweeps/")
 
 
 def load() -> dict:
@@ -34,13 +46,68 @@ def test_schema_check_would_catch_a_bad_config():
     assert any("'one' is not of type 'integer'" in e.message for e in validator.iter_errors(config))
 
 
-def test_gpu_workers_autoscale_and_install_raylm():
+def test_gpu_workers_autoscale_and_install_the_synced_checkout_with_tasks():
+    """Setup installs the checkout file_mounts copies to each node, with [tasks] (every lm-eval task), and names
+    Ray at the image's version in the same pip command, so the resolver keeps it."""
     config = load()
     types = config["available_node_types"]
     assert config["head_node_type"] in types
     gpu = [t for t in types.values() if t["resources"].get("GPU", 0) >= 1]
     assert gpu and all(0 <= t["min_workers"] <= t["max_workers"] <= config["max_workers"] for t in gpu)
-    assert any("raylm" in command and "pip install" in command for command in config["setup_commands"])
+    [setup] = config["setup_commands"]
+    words = shlex.split(setup)
+    assert words[:4] == ["python", "-m", "pip", "install"]
+    path, extras = re.fullmatch(r"\$HOME/(.+)\[(.+)\]", words[words.index("-e") + 1]).groups()
+    assert config["file_mounts"][f"~/{path}"] == "." and extras == "tasks"
+    assert f"ray[default]=={ray.__version__}" in words
+
+
+def test_one_ray_everywhere_the_one_pyproject_accepts_and_ci_installs():
+    """cluster.yaml's image and setup, rayjob.yaml's rayVersion and the Dockerfile's base name the Ray installed
+    here: what CI's install of pyproject.toml's range resolved to. A Ray release inside that range fails this
+    until the manifests follow it, so that head, workers and images never run two Rays."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    [ray_range] = [r for r in map(Requirement, pyproject["project"]["dependencies"]) if r.name == "ray"]
+    assert ray_range.specifier.contains(ray.__version__) and "default" in ray_range.extras
+    config = load()
+    assert config["docker"]["image"] == RAY_IMAGE
+    assert not {"head_image", "worker_image"} & set(config["docker"])
+    rayjob = {doc["kind"]: doc for doc in yaml.safe_load_all((REPO / "rayjob.yaml").read_text())}["RayJob"]
+    assert rayjob["spec"]["rayClusterSpec"]["rayVersion"] == ray.__version__
+    assert re.findall(r"^FROM (\S+)", (REPO / "Dockerfile").read_text(), re.MULTILINE) == [RAY_IMAGE]
+
+
+def test_rsync_leaves_a_venv_git_and_outputs_behind():
+    """`ray up` copies file_mounts with rsync, passing rsync_exclude and rsync_filter (per directory, as git reads
+    .gitignore); .gitignore itself lists the virtualenv and the output folders."""
+    config = load()
+    assert set(CLUTTER) <= set(config["rsync_exclude"]) and config["rsync_filter"] == [".gitignore"]
+    ignored = (REPO / ".gitignore").read_text().split()
+    assert all(any(line.strip("/") == path.strip("/") for line in ignored) for path in CLUTTER if path != ".git/")
+
+
+def runtime_env_file() -> dict:
+    """jobs/runtime-env.yaml as `ray job submit --working-dir . --runtime-env jobs/runtime-env.yaml` reads it."""
+    return parse_runtime_env_args(runtime_env=str(REPO / "jobs" / "runtime-env.yaml"), working_dir=".")
+
+
+def test_runtime_env_file_is_one_ray_accepts_and_installs_the_working_dir_with_tasks():
+    env = runtime_env_file()
+    RuntimeEnv(**env)  # Ray's own validation of each field
+    assert env["pip"] == ["${RAY_RUNTIME_ENV_CREATE_WORKING_DIR}[tasks]"]
+
+
+def test_runtime_env_file_uploads_the_checkout_without_clutter(tmp_path):
+    """Ray's own packager, given the file's excludes (and not .gitignore, which a cluster may be told to skip),
+    packs sources and leaves every kind of clutter out."""
+    checkout = tmp_path / "checkout"
+    kept = ["pyproject.toml", "raylm/cli.py", "jobs/demo.yaml"]
+    for name in [*kept, *(f"{path}x" for path in CLUTTER), "raylm.egg-info/PKG-INFO", "build/lib/raylm/cli.py"]:
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / name).write_text("")
+    package = tmp_path / "package.zip"
+    create_package(str(checkout), package, include_gitignore=False, excludes=runtime_env_file()["excludes"])
+    assert sorted(zipfile.ZipFile(package).namelist()) == sorted(kept)
 
 
 def test_head_tells_placement_which_nodes_the_autoscaler_may_add():

@@ -1,10 +1,12 @@
-"""CLUSTER TEST (~45 s): a real `ray start --head` on loopback and a second node from `ray start --address`,
-then `ray job submit --working-dir` running `raylm eval --demo` on it, as a user would on a cluster.
+"""CLUSTER TEST (~2 min): a real `ray start --head` on loopback and a second node from `ray start --address`, both
+run by a Python that has Ray, torch, transformers and lm-eval but not raylm, then
+`ray job submit --working-dir . --runtime-env jobs/runtime-env.yaml -- raylm eval --demo`, as a user would on a
+shared cluster where nothing can be pre-installed.
 
-It checks the job succeeds, its results.json matches scoring in-process, and the driver attached to that cluster
-(RAY_ADDRESS, set by the job server) rather than starting its own. Each node runs in its own process group, which
-is killed afterwards; `ray stop` is never used, since it would stop every Ray on the machine. Deselect with
-`-m "not cluster"`."""
+It checks the job succeeds, the runtime environment installed the checkout on both nodes, an actor ran on each,
+its results.json matches scoring in-process, and the driver attached to that cluster (RAY_ADDRESS, set by the job
+server) rather than starting its own. Each node runs in its own process group, which is killed afterwards;
+`ray stop` is never used, since it would stop every Ray on the machine. Deselect with `-m "not cluster"`."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import urllib.request
@@ -37,6 +40,7 @@ from raylm.scoring.scorer import Scorer
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[1]
+RUNTIME_ENV = REPO / "jobs" / "runtime-env.yaml"
 NODE_PORT_FLAGS = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
                    "node-manager-port", "object-manager-port", "runtime-env-agent-port")
 PORT_FLAGS = ("port", "dashboard-port", "ray-client-server-port", *NODE_PORT_FLAGS)
@@ -51,13 +55,37 @@ def cluster_env() -> dict[str, str]:
     return env
 
 
+def python_without_raylm(root: Path) -> Path:
+    """A virtual environment that sees this one's packages (Ray, torch, transformers, lm-eval) but not raylm.
+
+    A .pth file in it names this environment's site-packages. Python adds a .pth file's path lines to sys.path
+    but reads .pth files only in site directories, so the .pth there that installs raylm's editable finder never
+    runs. Ray's pip runtime env clones this environment per job, and the clone is as small as it is."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    site_packages = Path(sysconfig.get_path("purelib", vars={"base": str(root), "platbase": str(root)}))
+    here = dict.fromkeys([sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])
+    (site_packages / "this-environment.pth").write_text("".join(f"{path}\n" for path in here))
+    return root / "bin" / "python"
+
+
+def node_env(python: Path) -> dict[str, str]:
+    """cluster_env() for nodes run by `python`: no PYTHONPATH, and on PATH only its bin and the system's, so no
+    `raylm` of this environment can reach a job."""
+    env = {k: v for k, v in cluster_env().items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return {**env, "PATH": os.pathsep.join([str(python.parent), "/usr/local/bin", "/usr/bin", "/bin"])}
+
+
 def ray_node(args: list[str], temp_dir: Path, ports: dict[str, int], ready: Callable[[], bool],
-             env_extra: dict[str, str] | None = None) -> contextlib.AbstractContextManager[None]:
-    """`ray start --block ARGS` on its own ports and in its own process group, once ready() says it is up."""
-    command = [RAY, "start", "--block", "--node-ip-address", "127.0.0.1", "--temp-dir", str(temp_dir),
+             env_extra: dict[str, str] | None = None, python: Path | None = None
+             ) -> contextlib.AbstractContextManager[None]:
+    """`ray start --block ARGS` on its own ports and in its own process group, once ready() says it is up. With
+    `python`, that Python runs the node (and so its workers), in node_env(python)."""
+    ray = [RAY] if python is None else [str(python), "-m", "ray.scripts.scripts"]
+    command = [*ray, "start", "--block", "--node-ip-address", "127.0.0.1", "--temp-dir", str(temp_dir),
                "--object-store-memory", str(128 * 1024**2), "--disable-usage-stats", *args,
                *(arg for flag, port in ports.items() for arg in (f"--{flag}", str(port)))]
-    return _running(command, temp_dir / "ray-start.log", ready, {**cluster_env(), **(env_extra or {})})
+    env = cluster_env() if python is None else node_env(python)
+    return _running(command, temp_dir / "ray-start.log", ready, {**env, **(env_extra or {})})
 
 
 @contextlib.contextmanager
@@ -92,14 +120,14 @@ def _answers(url: str) -> bool:
 
 @contextlib.contextmanager
 def ray_head(temp_dir: Path, num_cpus: int = 2, ports: dict[str, int] | None = None, extra_args: tuple[str, ...] = (),
-             env_extra: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
+             env_extra: dict[str, str] | None = None, python: Path | None = None) -> Iterator[tuple[str, int]]:
     """A head node on its own ports (so it cannot collide with other Rays here). The job server lives in the
     dashboard process, so the dashboard is included."""
     ports = ports or head_ports()
     address = f"http://127.0.0.1:{ports['dashboard-port']}"
     args = ["--head", "--num-cpus", str(num_cpus), "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
             *extra_args]
-    with ray_node(args, temp_dir, ports, lambda: _answers(f"{address}/api/version"), env_extra):
+    with ray_node(args, temp_dir, ports, lambda: _answers(f"{address}/api/version"), env_extra, python):
         yield address, ports["port"]
 
 
@@ -119,34 +147,34 @@ def free_ports(flags: tuple[str, ...]) -> dict[str, int]:
 
 def alive_nodes(address: str) -> int:
     try:
-        with urllib.request.urlopen(f"{address}/api/v0/nodes", timeout=5) as response:
-            nodes = json.loads(response.read())["data"]["result"]["result"]
+        nodes = state(address, "nodes")
     except (OSError, ValueError, KeyError):
         return 0
     return sum(node["state"] == "ALIVE" for node in nodes)
+
+
+def state(address: str, kind: str) -> list[dict]:
+    """Ray's state API list of `kind` (nodes, actors: dead ones included)."""
+    with urllib.request.urlopen(f"{address}/api/v0/{kind}?detail=1&limit=1000", timeout=10) as response:
+        return json.loads(response.read())["data"]["result"]["result"]
 
 
 def short_temp_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="rl", dir="/tmp"))  # Ray's socket paths must stay short
 
 
-def submit_demo(address: str, tmp_path: Path) -> dict:
-    """`ray job submit --working-dir` of `raylm eval --demo --limit 5`; its results.json."""
-    working_dir = tmp_path / "job"
-    shutil.copytree(REPO / "raylm", working_dir / "raylm", ignore=shutil.ignore_patterns("__pycache__"))
-    out = tmp_path / "out"
-    submit(address, ["--working-dir", str(working_dir)], demo_args(out))
-    return json.loads((out / "results.json").read_text())
-
-
 def demo_args(out: Path) -> list[str]:
-    return [sys.executable, "-m", "raylm", "eval", "--demo", "--limit", "5", "--output", str(out), "--no-progress"]
+    return [sys.executable, "-m", "raylm", *demo_eval(out)]
+
+
+def demo_eval(out: Path) -> list[str]:
+    return ["eval", "--demo", "--limit", "5", "--output", str(out), "--no-progress"]
 
 
 def submit(address: str, options: list[str], entrypoint: list[str]) -> str:
     """`ray job submit OPTIONS -- ENTRYPOINT`, which must succeed; the job's output."""
     proc = subprocess.run([RAY, "job", "submit", "--address", address, *options, "--", *entrypoint],
-                          env=cluster_env(), capture_output=True, text=True, timeout=240)
+                          env=cluster_env(), capture_output=True, text=True, timeout=480)
     assert proc.returncode == 0 and "succeeded" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
     return proc.stdout
 
@@ -167,28 +195,52 @@ def raylets_under(temp_dir: Path) -> int:
 
 
 def test_ray_job_submit_on_two_one_cpu_nodes(tmp_path):
-    """`ray job submit --working-dir` of `raylm eval --demo` attaches to the cluster it was submitted to (the
-    GCS address it records is the head's; one raylet per node, none started by the driver) and writes results
-    equal to scoring in-process.
+    """`ray job submit --working-dir . --runtime-env jobs/runtime-env.yaml -- raylm eval --demo --actors 2` on a
+    cluster whose Python lacks raylm: the runtime env installs the checkout on each node that runs the driver or
+    an actor (the `raylm` command exists only through it), one actor runs on each node, the driver attaches to
+    the cluster it was submitted to (the GCS address it records is the head's; one raylet per node, none started
+    by the driver), and the results equal scoring in-process.
 
-    A head and a second node of one CPU each: the actor must ask for what one node has, not for the cluster's
-    two CPUs (it waited for ever). The second node has its own --temp-dir, as a second machine would: nodes that
-    share one session directory on one machine each unpack the job's working_dir into it, and the second unpack
-    deletes the running driver's working directory (it then died in torch's import, `Intel oneMKL FATAL ERROR:
-    Cannot load .../libtorch_cpu.so`, as getcwd() failed)."""
+    Nodes of one CPU each: an actor must ask for what one node has, not for the cluster's two CPUs (it waited
+    for ever). The second node has its own --temp-dir, as a second machine would: nodes that share one session
+    directory on one machine each unpack the job's working_dir into it, and the second unpack deletes the running
+    driver's working directory (it then died in torch's import, `Intel oneMKL FATAL ERROR: Cannot load
+    .../libtorch_cpu.so`, as getcwd() failed)."""
+    python = python_without_raylm(tmp_path / "venv")
+    env = node_env(python)
+    probe = subprocess.run([str(python), "-c", "import ray, torch, transformers, lm_eval, raylm"], env=env,
+                           cwd=tmp_path, capture_output=True, text=True)
+    assert "No module named 'raylm'" in probe.stderr and shutil.which("raylm", path=env["PATH"]) is None
+    # pip builds the checkout with the setuptools here rather than one it downloads into an isolated build
+    # environment: the same install, offline and faster. (pip reads a --no-* option's variable inverted: 0 sets it.)
+    offline_build = {"PIP_NO_BUILD_ISOLATION": "0"}
+    out = tmp_path / "out"
     head_dir, node_dir = short_temp_dir(), short_temp_dir()
     try:
-        with ray_head(head_dir, num_cpus=1) as (address, gcs_port):
-            node_ports = free_ports(NODE_PORT_FLAGS)
-            with ray_node(["--address", f"127.0.0.1:{gcs_port}", "--num-cpus", "1"], node_dir, node_ports,
-                          lambda: alive_nodes(address) == 2):
-                results = submit_demo(address, tmp_path)
+        with ray_head(head_dir, num_cpus=1, env_extra=offline_build, python=python) as (address, gcs_port):
+            with ray_node(["--address", f"127.0.0.1:{gcs_port}", "--num-cpus", "1"], node_dir,
+                          free_ports(NODE_PORT_FLAGS), lambda: alive_nodes(address) == 2, offline_build, python):
+                submit(address, ["--working-dir", str(REPO), "--runtime-env", str(RUNTIME_ENV)],
+                       ["raylm", *demo_eval(out), "--actors", "2"])
+                nodes = {n["node_id"] for n in state(address, "nodes")}
+                actor_nodes = sorted(a["node_id"] for a in state(address, "actors")
+                                     if a["class_name"] == "ScoringActor")
+                installed = [installed_raylm(d) for d in (head_dir, node_dir)]
                 assert raylets_under(head_dir) == raylets_under(node_dir) == 1
     finally:
         shutil.rmtree(head_dir, ignore_errors=True)
         shutil.rmtree(node_dir, ignore_errors=True)
+    assert sorted(nodes) == actor_nodes
+    assert installed == [["raylm-0.1.0.dist-info"]] * 2
+    results = json.loads((out / "results.json").read_text())
     assert results["config"]["ray_gcs_address"].endswith(f":{gcs_port}")
     assert_equals_local_run(results)
+
+
+def installed_raylm(temp_dir: Path) -> list[str]:
+    """The raylm distributions Ray's pip runtime envs on the node with this --temp-dir installed."""
+    pattern = "session_latest/runtime_resources/pip/*/virtualenv/lib/python*/site-packages/raylm-*.dist-info"
+    return sorted(p.name for p in temp_dir.glob(pattern))
 
 
 def sums_in_process(task: str, limit: int) -> dict[str, float]:

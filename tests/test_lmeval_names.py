@@ -142,7 +142,7 @@ def test_without_the_tasks_extra_an_lm_eval_name_names_the_install_command(tmp_p
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("raylm: error:")]
     assert errors == ['raylm: error: arc_easy: not native raylm tasks, and lm-eval (which defines every other '
-                      'task) is not installed; install it with pip install "raylm[tasks]"']
+                      'task) is not installed; install it with pip install -e ".[tasks]" in the raylm checkout']
     assert "Started a local Ray" not in proc.stderr
 
 

@@ -1,7 +1,9 @@
 """rayjob.yaml is a RayJob the Kubernetes API server accepts once KubeRay is installed: it validates against
 KubeRay's own CRD schema (vendored in tests/kuberay/, with its source and licence), read as the API server's strict
-field validation reads it (an unknown field is an error, not silently dropped); its runtime environment is one Ray
-accepts; its entrypoint is a raylm command; and the placement hint it passes says what its worker group is.
+field validation reads it (an unknown field is an error, not silently dropped); its pods run the image the Dockerfile
+builds (Ray's pinned image plus the README's GPU install line) as the Ray image's user, with the volumes writable,
+HF_TOKEN from a Secret and a shared HF_HOME; its runtime environment is one Ray accepts; its entrypoint is a raylm
+command; and the placement hint it passes says what its worker group is. (No docker build runs here.)
 
 The schema's CEL rules (x-kubernetes-validations) are not evaluated here; they concern fields the manifest does not
 use (deletionStrategy, managedBy, gcsFaultToleranceOptions).
@@ -11,12 +13,15 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shlex
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+import ray
 import yaml
 from ray.runtime_env import RuntimeEnv
 
@@ -29,7 +34,20 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?
 
 
 def documents() -> dict[str, dict]:
-    return {doc["kind"]: doc for doc in yaml.safe_load_all((REPO / "rayjob.yaml").read_text())}
+    return {doc["kind"]: doc for doc in manifests() if doc["kind"] != "PersistentVolumeClaim"}
+
+
+def claims() -> dict[str, dict]:
+    return {doc["metadata"]["name"]: doc for doc in manifests() if doc["kind"] == "PersistentVolumeClaim"}
+
+
+def manifests() -> list[dict]:
+    return list(yaml.safe_load_all((REPO / "rayjob.yaml").read_text()))
+
+
+def pod_specs() -> list[dict]:
+    cluster = documents()["RayJob"]["spec"]["rayClusterSpec"]
+    return [g["template"]["spec"] for g in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]]
 
 
 def strict(schema: Any) -> Any:
@@ -74,10 +92,51 @@ def test_the_schema_check_would_catch_a_bad_manifest(validator, path, value, mes
                                                                            validator.iter_errors(job)]
 
 
-def test_runtime_env_is_one_ray_accepts_and_installs_raylm():
+def test_runtime_env_is_one_ray_accepts_and_fetches_nothing():
+    """raylm is in the image: the job installs nothing from a package index (where raylm is not published)."""
     env = yaml.safe_load(documents()["RayJob"]["spec"]["runtimeEnvYAML"])
     RuntimeEnv(**env)  # Ray's own validation of each field
-    assert any(p.split("[")[0] == "raylm" for p in env["pip"])
+    assert not {"pip", "uv", "conda", "py_modules", "working_dir"} & set(env)
+
+
+def test_every_pod_runs_the_image_the_dockerfile_builds():
+    """One image on head and workers, named for raylm's version and the Ray it is built on; the Dockerfile builds
+    that name from Ray's pinned image, copies the checkout (without clutter) and installs it by the README's GPU
+    install line, [tasks] included."""
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    image = f"raylm:{version}-ray{ray.__version__}-py311-gpu"
+    assert {c["image"] for spec in pod_specs() for c in spec["containers"]} == {image}
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert f"docker build -t {image} ." in dockerfile
+    assert re.findall(r"^FROM (\S+)", dockerfile, re.MULTILINE) == [f"rayproject/ray:{ray.__version__}-py311-gpu"]
+    assert re.search(r"^WORKDIR (\S+)\nCOPY --chown=ray:users \. \.$", dockerfile, re.MULTILINE)
+    [install] = re.findall(r"^RUN (.+)$", dockerfile, re.MULTILINE)
+    readme = re.search(r"on a GPU machine keep your torch and `([^`]+)`", (REPO / "README.md").read_text())
+    assert install == readme.group(1) == 'pip install -e ".[tasks]"'
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert {".venv/", ".git/", "raylm-out/", "raylm-sweeps/"} <= set(ignored)
+
+
+def test_pods_run_as_the_ray_images_user_with_their_volumes_writable():
+    """The Ray image runs as uid 1000 in group 100 (users); fsGroup 100 makes each mounted volume writable by it
+    (a fresh ReadWriteOnce volume is root's otherwise, and the first write of results.json fails)."""
+    for spec in pod_specs():
+        assert spec["volumes"] and all("persistentVolumeClaim" in v for v in spec["volumes"])
+        assert spec["securityContext"] == {"runAsUser": 1000, "runAsGroup": 100, "fsGroup": 100}
+
+
+def test_hf_token_comes_from_a_secret_and_every_pod_shares_one_hf_cache():
+    """Actors inherit their node's environment: HF_TOKEN (gated models) from a Kubernetes Secret, never written in
+    the manifest, and HF_HOME on one ReadWriteMany volume every pod mounts, so a model is downloaded once."""
+    shared = {name for name, claim in claims().items() if claim["spec"]["accessModes"] == ["ReadWriteMany"]}
+    for spec in pod_specs():
+        volumes = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"]}
+        for container in spec["containers"]:
+            env = {e["name"]: e for e in container["env"]}
+            secret = env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
+            assert secret["name"] and secret["key"] == "HF_TOKEN" and "value" not in env["HF_TOKEN"]
+            [cache] = [m for m in container["volumeMounts"] if m["mountPath"] == env["HF_HOME"]["value"]]
+            assert volumes[cache["name"]] in shared
 
 
 def test_entrypoint_is_a_raylm_command_writing_to_the_results_volume():
@@ -89,7 +148,7 @@ def test_entrypoint_is_a_raylm_command_writing_to_the_results_volume():
     head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     mount = head["containers"][0]["volumeMounts"][0]
     volume = next(v for v in head["volumes"] if v["name"] == mount["name"])
-    assert volume["persistentVolumeClaim"]["claimName"] == docs["PersistentVolumeClaim"]["metadata"]["name"]
+    assert volume["persistentVolumeClaim"]["claimName"] in claims()
     assert parsed.output.is_relative_to(mount["mountPath"])
 
 

@@ -82,7 +82,7 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--chat-template-args", nargs="+", action=PairsAction, metavar="KEY=VALUE",
                     help="extra arguments for the chat template, e.g. enable_thinking=false")
     ev.add_argument("--peft", metavar="PATH", help="adapter (local directory or hub id) loaded onto the model, as "
-                                                   "HFLM's peft= (pip install \"raylm[peft]\")")
+                                                   "HFLM's peft= (pip install -e \".[peft]\")")
     ev.add_argument("--add-bos-token", nargs="?", const=True, default=None, type=_bool, metavar="BOOL",
                     help="HFLM's add_bos_token (default: the tokenizer's own)")
     ev.add_argument("--prefix-token-id", type=int, metavar="ID",

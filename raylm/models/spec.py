@@ -107,7 +107,7 @@ def check_peft(spec: ModelSpec) -> None:
     adapter's name. Its config is read here (peft's own `is_prompt_learning`), where the driver checks a run
     before any actor starts and where each actor loads its model."""
     if not _importable(PEFT_PACKAGE):
-        raise RaylmError(f"--peft {spec.peft} needs the peft package: pip install \"raylm[peft]\"")
+        raise RaylmError(f"--peft {spec.peft} needs the peft package: pip install -e \".[peft]\" in the raylm checkout")
     if spec.scorer == "mlm":
         raise RaylmError("--peft applies to causal LMs (HFLM's peft=); this run scores a masked LM")
     if looks_local(spec.peft):

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from raylm.errors import RaylmError
 
-INSTALL_HINT = 'pip install "raylm[tasks]"'
+INSTALL_HINT = 'pip install -e ".[tasks]" in the raylm checkout'
 
 
 def require_lm_eval(names: Sequence[str]) -> None:
