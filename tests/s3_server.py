@@ -2,7 +2,7 @@
 once per session as a subprocess, and a fresh bucket per test with the standard AWS environment pointing at it.
 
 Tests reach it exactly as a user's run reaches S3: `--output s3://bucket/run`, AWS_ENDPOINT_URL and credentials
-from the environment, pyarrow's S3 client. Import the fixtures (`from s3_server import s3, s3_server`).
+from the environment, pyarrow's S3 client. A test module takes its fixtures with `pytest_plugins = ["s3_server"]`.
 """
 
 from __future__ import annotations

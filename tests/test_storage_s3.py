@@ -13,7 +13,6 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 from conftest import DATA
-from s3_server import s3, s3_server  # noqa: F401 (fixtures)
 from test_probe import PROBES
 
 import raylm
@@ -27,6 +26,8 @@ from raylm.storage.location import location, prepare_output
 from raylm.storage.lock import LOCK_FILE, output_lock
 from raylm.storage.ownership import check_results_owner, is_raylm_parquet, tagged
 from raylm.tasks.queries import native_queries
+
+pytest_plugins = ["s3_server"]  # its fixtures: s3_server, s3
 
 
 @pytest.fixture(autouse=True)
