@@ -49,8 +49,7 @@ def output_arg(text: str) -> Path | str:
 
 def add_output_option(parser: argparse.ArgumentParser, default: Path | None, what: str) -> None:
     parser.add_argument("--output", type=output_arg, default=default,
-                        help=f"directory for {what}: a local path or a filesystem URI (s3://bucket/run, gs://, "
-                             "abfs://, hdfs://; docs/storage.md)")
+                        help=f"directory for {what}; a path or a URI such as s3://bucket/run (docs/storage.md)")
 
 
 def output_dir(args: argparse.Namespace) -> Path | str:
