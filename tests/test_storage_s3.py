@@ -7,6 +7,7 @@ import json
 import logging
 import threading
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -43,6 +44,13 @@ def test_an_s3_uri_is_a_location_on_s3_never_a_local_folder(s3, tmp_path, monkey
     assert isinstance(out.fs, pafs.S3FileSystem) and out.path == f"{s3[5:]}/run" and str(out) == f"{s3}/run"
     write_atomic(out / "a" / "b.json", b"{}")
     assert (out / "a" / "b.json").read_bytes() == b"{}" and [p.name for p in (out / "a").iterdir()] == ["b.json"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_uri_a_path_folded_is_refused_not_made_a_local_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RaylmError, match=r"looks like a storage URI whose '//' was folded.*'s3://evals/run'"):
+        prepare_output(Path("s3://evals/run"))
     assert list(tmp_path.iterdir()) == []
 
 

@@ -12,6 +12,7 @@ raylm does (`s3_endpoint`), for S3-compatible stores (MinIO, Ceph, R2).
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import uuid
 from pathlib import Path
@@ -132,6 +133,9 @@ def location(where: str | os.PathLike[str] | Location) -> Location:
         return where
     text = os.fspath(where)
     if "://" not in text:
+        if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/(?!/)", text):
+            raise RaylmError(f"output '{text}' looks like a storage URI whose '//' was folded into '/' (a Path does "
+                             f"that): pass it as a string, e.g. '{text.replace(':/', '://', 1)}'")
         return Location(pafs.LocalFileSystem(), os.path.abspath(text), text)
     base, _, query = text.partition("?")
     scheme = base.split("://", 1)[0].lower()

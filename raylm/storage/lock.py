@@ -80,7 +80,7 @@ def output_lock(out_dir: str | os.PathLike[str] | Location) -> Iterator[None]:
             entry[1] += 1
     if entry is None:
         if out.local is not None:
-            release = _acquire(out.local)
+            release = _acquire(out)
         else:
             release = _Lease(out, float(os.environ.get(LEASE_ENV, 60))).acquire()
         with _guard:
@@ -109,26 +109,27 @@ def _clock(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(t))
 
 
-def _acquire(out_dir: Path) -> Callable[[], None]:
+def _acquire(out: Location) -> Callable[[], None]:
+    out_dir = out.local
     path = out_dir / LOCK_FILE
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        raise RaylmError(f"cannot lock output directory '{out_dir}': {e.strerror or e}") from e
+        raise RaylmError(f"cannot lock output directory '{out}': {e.strerror or e}") from e
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = _read(fd)
         os.close(fd)
-        raise RaylmError(f"output directory '{out_dir}' is in use by another raylm run ({describe(holder)}); "
+        raise RaylmError(f"output directory '{out}' is in use by another raylm run ({describe(holder)}); "
                          "wait for it to finish, or use another --output") from None
     except OSError as e:
         os.close(fd)
-        raise RaylmError(f"cannot lock output directory '{out_dir}': {e.strerror or e}") from e
+        raise RaylmError(f"cannot lock output directory '{out}': {e.strerror or e}") from e
     previous = _read(fd)
     if previous:
-        log.warning("output directory %s was last held by a run that did not finish (%s); taking it over", out_dir,
+        log.warning("output directory %s was last held by a run that did not finish (%s); taking it over", out,
                     describe(previous))
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(_me()).encode(), 0)
@@ -201,7 +202,7 @@ class _Lease:
                               "write there", self.out, describe(holder))
                     return
                 self._write()
-            except OSError as e:  # a store unreachable for a moment: the next renewal may reach it
+            except (OSError, RaylmError) as e:  # a store unreachable for a moment: the next renewal may reach it
                 log.warning("could not renew the lease on %s: %s", self.path, e)
 
     def _write(self) -> None:
