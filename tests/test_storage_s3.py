@@ -20,9 +20,10 @@ import raylm
 from raylm.cli import main
 from raylm.cli.options import output_arg
 from raylm.cluster.checkpoint import Checkpoint
+from raylm.corpus.stream import PartialParquet
 from raylm.errors import RaylmError
 from raylm.storage import lock
-from raylm.storage.atomic import write_atomic, write_parquet_atomic
+from raylm.storage.atomic import open_atomic, write_atomic, write_parquet_atomic
 from raylm.storage.location import location, prepare_output
 from raylm.storage.lock import LOCK_FILE, output_lock
 from raylm.storage.ownership import check_results_owner, is_raylm_parquet, tagged
@@ -57,6 +58,20 @@ def test_a_uri_a_path_folded_is_refused_not_made_a_local_folder(tmp_path, monkey
 def test_a_bucket_that_does_not_exist_is_one_line_before_any_work(s3):
     with pytest.raises(RaylmError, match=r"output directory 's3://no-such-bucket-here/run' is not writable"):
         prepare_output("s3://no-such-bucket-here/run")
+
+
+def test_a_write_that_fails_leaves_the_previous_object_or_none(s3):
+    """Nothing reaches the store before the whole file is written: a run killed or failing mid-write leaves the old
+    object (results.json) or none (a Parquet stream, as ppl and contamination write theirs)."""
+    out = location(f"{s3}/run")
+    write_atomic(out / "results.json", b"old")
+    with pytest.raises(ZeroDivisionError), open_atomic(out / "results.json") as f:
+        f.write(b"new, half written")
+        1 / 0
+    with pytest.raises(ZeroDivisionError), PartialParquet(out / "samples.parquet", pa.schema([("x", pa.int64())])) as p:
+        p.write(pa.table({"x": [1]}))
+        1 / 0
+    assert (out / "results.json").read_bytes() == b"old" and [p.name for p in out.iterdir()] == ["results.json"]
 
 
 def test_a_scheme_pyarrow_lacks_goes_through_fsspec():
