@@ -43,7 +43,7 @@ class EvalConfig:
     actors: int | None = None
     shard_requests: int = DEFAULT_SHARD_REQUESTS
     progress: bool = True
-    output: Path | None = None  # checkpoint finished shards here and resume from them
+    output: Path | str | None = None  # checkpoint finished shards here (a local path or a filesystem URI)
     overwrite: bool = False  # discard results a different run left in `output`
     num_gpus: float | None = None
     num_cpus: float | None = None  # CPUs per actor, replacements included (default: the node's CPUs shared out)

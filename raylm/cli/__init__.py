@@ -22,6 +22,7 @@ from raylm.cli.probe import add_probe_command
 from raylm.cli.sweep import add_sweep_command
 from raylm.errors import RaylmError, RemoteError
 from raylm.storage.atomic import write_atomic
+from raylm.storage.location import location
 
 # What callers (tests, benchmarks, the entry point) import from raylm.cli, wherever it is defined.
 __all__ = ["DEFAULT_SEEDS", "ERROR_LOG", "build_parser", "config_from_args", "error_message", "eval_options",
@@ -52,11 +53,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def error_message(error: RaylmError, out: Path) -> str:
+def error_message(error: RaylmError, out: Path | str) -> str:
     """The one line to print; an actor's traceback goes to a file under the output directory, named in the line."""
     if not isinstance(error, RemoteError):
         return str(error)
-    path = out / ERROR_LOG
+    path = location(out) / ERROR_LOG
     try:
         write_atomic(path, error.traceback.rstrip("\n").encode() + b"\n")
     except OSError as e:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from raylm.cli.options import task_names
+from raylm.cli.options import add_output_option, task_names
 from raylm.corpus import SCAN_ROWS_PER_BATCH
 from raylm.corpus.read import FORMATS as CORPUS_FORMATS
-from raylm.results.report import prepare_output
+from raylm.storage.location import prepare_output
 
 
 def add_contamination_command(sub: argparse._SubParsersAction) -> None:
@@ -30,8 +30,8 @@ def add_contamination_command(sub: argparse._SubParsersAction) -> None:
     scan.add_argument("--limit-docs", type=int, help="first N corpus documents only")
     scan.add_argument("--actors", type=int, help="scanning actors (default: all CPUs but one)")
     scan.add_argument("--docs-per-batch", type=int, default=SCAN_ROWS_PER_BATCH)
-    scan.add_argument("--output", type=Path, default=Path("raylm-out") / "contamination",
-                      help="directory for contamination.json, matches.parquet and contamination.png")
+    add_output_option(scan, Path("raylm-out") / "contamination",
+                      "contamination.json, matches.parquet and contamination.png")
     scan.add_argument("--no-progress", action="store_true")
     scan.set_defaults(run=run_contamination_command)
 
@@ -45,9 +45,9 @@ def run_contamination_command(args: argparse.Namespace) -> int:
                      args.include_path, args.limit, args.limit_docs, args.actors, args.docs_per_batch,
                      not args.no_progress)
     cfg.validate()
-    prepare_output(args.output)
-    report = run_contamination(cfg, args.output)
+    out = prepare_output(args.output)
+    report = run_contamination(cfg, out)
     print(format_table(report))
     print(f"wall time {report['config']['wall_time_s']:.1f} s; contamination.json, matches.parquet and "
-          f"contamination.png written to {args.output}")
+          f"contamination.png written to {out}")
     return 0

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from raylm.cli.options import add_model_options, add_scorer_options, model_spec
+from raylm.cli.options import add_model_options, add_output_option, add_scorer_options, model_spec
 from raylm.corpus import SCORING_DOCS_PER_BATCH
 from raylm.corpus.read import FORMATS as CORPUS_FORMATS
 from raylm.models.spec import PLL_VARIANTS
-from raylm.results.report import prepare_output
+from raylm.storage.location import prepare_output
 
 
 def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
@@ -31,8 +31,8 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--limit-docs", type=int, help="first N documents only")
         p.add_argument("--docs-per-batch", type=int, default=SCORING_DOCS_PER_BATCH)
         add_model_options(p)
-        p.add_argument("--output", type=Path, default=Path("raylm-out") / p.prog.split()[-1],
-                       help="directory for results.json (default: raylm-out/ppl or raylm-out/kl)")
+        add_output_option(p, Path("raylm-out") / p.prog.split()[-1],
+                          "results.json (default: raylm-out/ppl or raylm-out/kl)")
         p.add_argument("--no-progress", action="store_true")
         p.set_defaults(run=run_corpus_command)
     add_scorer_options(ppl)
@@ -48,12 +48,12 @@ def run_corpus_command(args: argparse.Namespace) -> int:
                        args.max_length, args.stride, args.actors, args.limit_docs, args.docs_per_batch,
                        not args.no_progress)
     cfg.validate()
-    prepare_output(args.output)
-    result = run_corpus(cfg, args.output)
+    out = prepare_output(args.output)
+    result = run_corpus(cfg, out)
     for key, value in result.metrics.items():
         print(f"{args.command:<4} {key:<24} {value:>16.6f}" if isinstance(value, float) else
               f"{args.command:<4} {key:<24} {value:>16d}")
     if result.scorer == "mlm":
         print(f"pseudo-perplexities of a masked LM ({args.pll} PLL): not comparable with a causal LM's perplexity")
-    print(f"wall time {result.wall_s:.1f} s; results written to {args.output / 'results.json'}")
+    print(f"wall time {result.wall_s:.1f} s; results written to {out / 'results.json'}")
     return 0

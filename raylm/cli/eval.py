@@ -7,15 +7,16 @@ import argparse
 from pathlib import Path
 
 from raylm.cli.lmeval import PairsAction, parse_pairs, read_samples
-from raylm.cli.options import add_model_options, add_scorer_options, model_spec, task_names
+from raylm.cli.options import add_model_options, add_output_option, add_scorer_options, model_spec, task_names
 from raylm.config import (DEFAULT_BOOTSTRAP_ITERS, DEFAULT_FEWSHOT_SEED, DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED,
                           EvalConfig, parse_batch_size)
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.errors import RaylmError
 from raylm.evaluate import evaluate
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS
+from raylm.results.report import format_table, write_results, write_samples
+from raylm.storage.location import prepare_output
 from raylm.storage.lock import output_lock
-from raylm.results.report import format_table, prepare_output, write_results, write_samples
 from raylm.tasks import TASKS
 
 
@@ -101,8 +102,7 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     add_model_options(ev)
     ev.add_argument("--data-dir", type=Path, help="a folder with the native tasks' files, laid out as in "
                     "docs/task-options.md (default: the hub)")
-    ev.add_argument("--output", type=Path, default=Path("raylm-out"),
-                    help="directory for results.json and the checkpoint a rerun resumes from")
+    add_output_option(ev, Path("raylm-out"), "results.json and the checkpoint a rerun resumes from")
     ev.add_argument("--overwrite", action="store_true", help="discard results a different run left in --output")
     ev.add_argument("--log-samples", action="store_true",
                     help="also write per-request samples as Parquet (lm-eval tasks' also as lm-eval's jsonl)")
@@ -157,12 +157,12 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
 def run_eval(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     cfg.validate()
-    prepare_output(args.output)
-    with output_lock(args.output):
+    out = prepare_output(args.output)
+    with output_lock(out):
         result = evaluate(cfg)
         if args.log_samples:
-            write_samples(args.output, result)
-        path = write_results(args.output, result)
+            write_samples(out, result)
+        path = write_results(out, result)
     print(format_table(result))
     print(f"results written to {path}")
     return 0

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from raylm.cli.options import add_model_options, model_spec, task_names
+from raylm.cli.options import add_model_options, add_output_option, model_spec, task_names
 from raylm.corpus import MEMBERSHIP_DOCS_PER_BATCH
-from raylm.results.report import prepare_output
+from raylm.storage.location import prepare_output
 
 
 def add_membership_command(sub: argparse._SubParsersAction) -> None:
@@ -26,8 +26,7 @@ def add_membership_command(sub: argparse._SubParsersAction) -> None:
     member.add_argument("--actors", type=int, help="model actors (default: one per GPU, or one on CPU)")
     member.add_argument("--docs-per-batch", type=int, default=MEMBERSHIP_DOCS_PER_BATCH)
     add_model_options(member)
-    member.add_argument("--output", type=Path, default=Path("raylm-out") / "membership",
-                        help="directory for membership.json and membership.parquet")
+    add_output_option(member, Path("raylm-out") / "membership", "membership.json and membership.parquet")
     member.add_argument("--no-progress", action="store_true")
     member.set_defaults(run=run_membership_command)
 
@@ -40,9 +39,9 @@ def run_membership_command(args: argparse.Namespace) -> int:
     cfg = MembershipConfig(spec, tasks, args.k, args.data_dir, args.include_path, args.limit, args.actors,
                            args.docs_per_batch, not args.no_progress)
     cfg.validate()
-    prepare_output(args.output)
-    report = run_membership(cfg, args.output)
+    out = prepare_output(args.output)
+    report = run_membership(cfg, out)
     print(format_table(report))
     print(f"wall time {report['config']['wall_time_s']:.1f} s; membership.json and membership.parquet written to "
-          f"{args.output}")
+          f"{out}")
     return 0

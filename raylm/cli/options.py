@@ -41,7 +41,18 @@ def task_names(values: str | list[str]) -> tuple[str, ...]:
     return tuple(t.strip() for item in items for t in item.split(",") if t.strip())
 
 
-def output_dir(args: argparse.Namespace) -> Path:
+def output_arg(text: str) -> Path | str:
+    """--output: a local directory, or a filesystem URI (s3://bucket/run, raylm.storage.location) kept as written,
+    since a Path would fold its `//` into one and name a local directory `s3:`."""
+    return text if "://" in text else Path(text)
+
+
+def add_output_option(parser: argparse.ArgumentParser, default: Path | None, what: str) -> None:
+    parser.add_argument("--output", type=output_arg, default=default,
+                        help=f"directory for {what}; a path or a URI such as s3://bucket/run (docs/storage.md)")
+
+
+def output_dir(args: argparse.Namespace) -> Path | str:
     if args.command == "sweep":
         return args.output or Path("raylm-sweeps") / args.file.stem
     return args.output

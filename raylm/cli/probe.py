@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from raylm.cli.options import add_model_options, model_spec
+from raylm.cli.options import add_model_options, add_output_option, model_spec
+from raylm.storage.location import prepare_output
 from raylm.storage.lock import output_lock
 from raylm.storage.ownership import check_results_owner
-from raylm.results.report import prepare_output
 
 
 def add_probe_command(sub: argparse._SubParsersAction) -> None:
@@ -20,8 +20,7 @@ def add_probe_command(sub: argparse._SubParsersAction) -> None:
                                                       "token); repeat for several texts")
     what.add_argument("--probes", type=Path, help="probe file (YAML): templates, fill values and target words")
     probe.add_argument("--top-k", type=int, default=5, help="predictions shown per mask")
-    probe.add_argument("--output", type=Path, default=Path("raylm-out"), help="directory for a probe file's CSVs, "
-                                                                               "summary and chart")
+    add_output_option(probe, Path("raylm-out"), "a probe file's CSVs, summary and chart")
     add_model_options(probe)
     probe.set_defaults(run=run_probe_command)
 
@@ -34,11 +33,11 @@ def run_probe_command(args: argparse.Namespace) -> int:
     spec.validate()
     if args.probes is not None:
         probes = load_probes(args.probes)
-        prepare_output(args.output)
-        with output_lock(args.output):
-            check_results_owner(args.output, "probe")
-            print(run_probe_file(Prober(spec), probes, args.output, args.top_k), end="")
-        print(f"probe results written to {args.output} (probe.csv, topk.csv, summary.csv, summary.md, probe.png)")
+        out = prepare_output(args.output)
+        with output_lock(out):
+            check_results_owner(out, "probe")
+            print(run_probe_file(Prober(spec), probes, out, args.top_k), end="")
+        print(f"probe results written to {out} (probe.csv, topk.csv, summary.csv, summary.md, probe.png)")
     else:
         print(format_predictions(args.text, fill_masks(Prober(spec), args.text, args.top_k)))
     return 0

@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from raylm.models.spec import ModelSpec
 from raylm.requests.shards import Shard
 from raylm.scoring.sums import shard_sums
 from raylm.storage.atomic import write_atomic
+from raylm.storage.location import Location, location
 from raylm.storage.ownership import CHECKPOINT_DIR, MANIFEST, RESULTS, check_results_owner, remove_raylm_files
 
 log = logging.getLogger(__name__)
@@ -122,28 +124,31 @@ def scored_with(shard: ScoredShard) -> str:
 
 
 class Checkpoint:
-    """One run's finished shards: `DIR/checkpoint/manifest.json` and `DIR/checkpoint/shards/<index>.parquet`."""
+    """One run's finished shards: `DIR/checkpoint/manifest.json` and `DIR/checkpoint/shards/<index>.parquet`, DIR
+    a local directory or a filesystem URI (raylm.storage.location): each shard reaches it as it is scored, so a
+    run whose whole cluster was lost resumes from it on another."""
 
-    def __init__(self, out_dir: Path, manifest: dict[str, Any]):
-        self.out_dir = out_dir
-        self.root = out_dir / CHECKPOINT_DIR
+    def __init__(self, out_dir: str | os.PathLike[str] | Location, manifest: dict[str, Any]):
+        self.out_dir = location(out_dir)
+        self.root = self.out_dir / CHECKPOINT_DIR
         self.manifest = manifest
 
     @classmethod
-    def open(cls, out_dir: Path, manifest: dict[str, Any], overwrite: bool) -> Checkpoint:
+    def open(cls, out_dir: str | os.PathLike[str] | Location, manifest: dict[str, Any], overwrite: bool
+             ) -> Checkpoint:
         """Resume the same run, refuse a different one, or (with overwrite) discard the results raylm left in DIR.
         A results.json or checkpoint/ that raylm did not write is refused either way: never resumed from,
         deleted or written over."""
         checkpoint = cls(out_dir, manifest)
         checkpoint.refuse_foreign()
         if overwrite:
-            remove_raylm_files(out_dir)
+            remove_raylm_files(checkpoint.out_dir)
         else:
             checkpoint.check_same_run()
         try:
             write_atomic(checkpoint.root / MANIFEST, json.dumps(manifest, indent=1).encode())
         except OSError as e:
-            raise RaylmError(f"cannot write a checkpoint under '{out_dir}': {e.strerror or e}") from e
+            raise RaylmError(f"cannot write a checkpoint under '{checkpoint.out_dir}': {e.strerror or e}") from e
         return checkpoint
 
     def differences(self) -> list[str]:
@@ -152,7 +157,7 @@ class Checkpoint:
         path = self.root / MANIFEST
         if path.is_file():
             try:
-                previous = json.loads(path.read_text())
+                previous = json.loads(path.read_bytes())
             except (OSError, ValueError):
                 return ["an unreadable checkpoint manifest"]
             if not isinstance(previous, dict):
@@ -180,7 +185,7 @@ class Checkpoint:
     def refuse_foreign(self) -> None:
         check_results_owner(self.out_dir, "eval", checkpoint=True)
 
-    def shard_path(self, index: int) -> Path:
+    def shard_path(self, index: int) -> Location:
         return self.root / "shards" / f"{index:06d}.parquet"
 
     def save(self, shard: Shard, scored: ScoredShard) -> None:
@@ -203,12 +208,14 @@ class Checkpoint:
     def load(self, shards: list[Shard]) -> dict[int, ScoredShard]:
         """Finished shards by index; a file that does not hold exactly its shard's requests is scored again."""
         done: dict[int, ScoredShard] = {}
+        written = {p.name for p in (self.root / "shards").iterdir()}  # one listing, not a request per shard
         for shard in shards:
             path = self.shard_path(shard.index)
-            if not path.is_file():
+            if path.name not in written:
                 continue
             try:
-                table = pq.read_table(path)
+                with path.open_input() as f:
+                    table = pq.read_table(f)
             except (OSError, pa.ArrowException) as e:
                 log.warning("checkpoint %s is unreadable (%s); scoring shard %d again", path, e, shard.index)
                 continue

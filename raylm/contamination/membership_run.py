@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -35,6 +36,7 @@ from raylm.models.spec import ModelSpec
 from raylm.results.report import prefix_sharing, run_config
 from raylm.scoring.membership import DEFAULT_K, check_k
 from raylm.storage.atomic import write_atomic
+from raylm.storage.location import Location, location
 from raylm.storage.lock import output_lock
 from raylm.storage.ownership import check_results_owner, tagged
 
@@ -70,20 +72,21 @@ class MembershipConfig:
         self.model.validate()
 
 
-def check_output(out_dir: Path) -> None:
+def check_output(out_dir: Location) -> None:
     check_results_owner(out_dir, "membership", MEMBERSHIP_JSON, (MEMBERSHIP_PARQUET,))
 
 
-def run_membership(cfg: MembershipConfig, out_dir: Path) -> dict[str, Any]:
+def run_membership(cfg: MembershipConfig, out_dir: str | os.PathLike[str] | Location) -> dict[str, Any]:
     """Score every document's query text; write DIR/membership.parquet (per document) and DIR/membership.json.
     DIR's lock is held meanwhile (raylm.storage.lock), taken before any work."""
     cfg.validate()
+    out_dir = location(out_dir)
     with output_lock(out_dir):
         check_output(out_dir)
         return _run_membership(cfg, out_dir)
 
 
-def _run_membership(cfg: MembershipConfig, out_dir: Path) -> dict[str, Any]:
+def _run_membership(cfg: MembershipConfig, out_dir: Location) -> dict[str, Any]:
     import ray.data  # see raylm.corpus.read.read_corpus
 
     start = time.time()

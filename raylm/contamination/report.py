@@ -8,31 +8,33 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import platform
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import raylm
 from raylm.contamination.scan import MATCHES, ScanConfig, ScanResult, run_scan
 from raylm.results.contamination import CONTAMINATION_JSON, query_digest
 from raylm.storage.atomic import write_atomic
+from raylm.storage.location import Location, location
 from raylm.storage.lock import output_lock
 from raylm.storage.ownership import check_results_owner
 
 CHART = "contamination.png"
 
 
-def run_contamination(cfg: ScanConfig, out_dir: Path) -> dict[str, Any]:
+def run_contamination(cfg: ScanConfig, out_dir: str | os.PathLike[str] | Location) -> dict[str, Any]:
     """`raylm contamination`: scan, then write the report and chart; DIR's lock is held throughout, taken before any
     work (raylm.storage.lock), so two scans into one directory cannot interleave."""
     cfg.validate()
+    out_dir = location(out_dir)
     with output_lock(out_dir):
         check_output(out_dir)
         return write_report(run_scan(cfg, out_dir), out_dir)
 
 
-def check_output(out_dir: Path) -> None:
+def check_output(out_dir: Location) -> None:
     check_results_owner(out_dir, "contamination", CONTAMINATION_JSON, (MATCHES,))
 
 
@@ -96,7 +98,7 @@ def contamination_dict(result: ScanResult) -> dict[str, Any]:
     }
 
 
-def write_report(result: ScanResult, out_dir: Path) -> dict[str, Any]:
+def write_report(result: ScanResult, out_dir: Location) -> dict[str, Any]:
     report = contamination_dict(result)
     write_atomic(out_dir / CONTAMINATION_JSON, json.dumps(report, indent=2).encode())
     plot_dirty(report, out_dir / CHART)
@@ -128,7 +130,7 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot_dirty(report: dict[str, Any], path: Path) -> None:
+def plot_dirty(report: dict[str, Any], path: Location) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

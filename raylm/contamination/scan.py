@@ -12,6 +12,7 @@ reached the driver); any other failure leaves no partial results behind.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from raylm.corpus import READ_CPUS, SCAN_ROWS_PER_BATCH
 from raylm.corpus.read import FORMATS, document_texts, read_corpus
 from raylm.corpus.stream import PartialParquet, stream_batches
 from raylm.errors import RaylmError
+from raylm.storage.location import Location, location
 from raylm.storage.lock import output_lock
 
 MATCHES = "matches.parquet"
@@ -139,16 +141,18 @@ def _cluster_cpus() -> float:
     return sum(r.get("CPU", 0.0) for r in node_resources())
 
 
-def run_scan(cfg: ScanConfig, out_dir: Path, on_batch: Callable[[int], None] | None = None) -> ScanResult:
+def run_scan(cfg: ScanConfig, out_dir: str | os.PathLike[str] | Location,
+             on_batch: Callable[[int], None] | None = None) -> ScanResult:
     """Scan the corpus for the tasks' n-grams; matches go to out_dir/matches.parquet, written under DIR's lock
     (raylm.storage.lock). `on_batch` runs on the driver after each output batch with the number of batches so far
     (progress hooks, fault drills)."""
     cfg.validate()
+    out_dir = location(out_dir)
     with output_lock(out_dir):
         return _run_scan(cfg, out_dir, on_batch)
 
 
-def _run_scan(cfg: ScanConfig, out_dir: Path, on_batch: Callable[[int], None] | None) -> ScanResult:
+def _run_scan(cfg: ScanConfig, out_dir: Location, on_batch: Callable[[int], None] | None) -> ScanResult:
     import ray.data  # see raylm.corpus.read.read_corpus
 
     start = time.time()
@@ -168,7 +172,7 @@ def _run_scan(cfg: ScanConfig, out_dir: Path, on_batch: Callable[[int], None] | 
     return result
 
 
-def _stream(scanned: ray.data.Dataset, result: ScanResult, matches: Path,
+def _stream(scanned: ray.data.Dataset, result: ScanResult, matches: Location,
             on_batch: Callable[[int], None] | None) -> None:
     owners: dict[str, list[tuple[int, int]]] = {}
     pending: dict[str, list] = {name: [] for name in MATCH_SCHEMA.names}

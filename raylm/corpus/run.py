@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -36,6 +36,7 @@ from raylm.results.report import prefix_sharing, run_config
 from raylm.results.sums import corpus_batch_sums, merge
 from raylm.scoring.mlm import MASKED_PREFIX_SHARING
 from raylm.storage.atomic import write_atomic
+from raylm.storage.location import Location, location
 from raylm.storage.lock import output_lock
 from raylm.storage.ownership import RESULTS, check_results_owner
 
@@ -169,16 +170,17 @@ def resolve_lengths(cfg: CorpusConfig) -> tuple[int, int, str, int | None]:
     return max_length, stride, scorer, width
 
 
-def run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
+def run_corpus(cfg: CorpusConfig, out_dir: str | os.PathLike[str] | Location) -> CorpusResult:
     """Score the corpus, write DIR/samples/<kind>.parquet and DIR/results.json, and return the metrics; DIR's lock
     is held meanwhile (raylm.storage.lock)."""
     cfg.validate()
+    out_dir = location(out_dir)
     with output_lock(out_dir):
         check_results_owner(out_dir, cfg.kind)
         return _run_corpus(cfg, out_dir)
 
 
-def _run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
+def _run_corpus(cfg: CorpusConfig, out_dir: Location) -> CorpusResult:
     import ray.data  # see raylm.corpus.read.read_corpus
 
     start = time.time()
@@ -213,7 +215,7 @@ def _run_corpus(cfg: CorpusConfig, out_dir: Path) -> CorpusResult:
     return result
 
 
-def _stream(scored: ray.data.Dataset, samples: Path, progress: bool,
+def _stream(scored: ray.data.Dataset, samples: Location, progress: bool,
             source: str) -> tuple[dict[str, float], list[str]]:
     """Fold per-document batches into sums while appending them to the samples file, numbering documents; and the
     actors' distinct prefix-sharing verdicts, which are taken off the rows. A corpus with nothing to score leaves

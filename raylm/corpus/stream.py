@@ -4,7 +4,7 @@ Parquet file the batches are appended to, which only a finished stream renames i
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
+from contextlib import ExitStack
 from types import TracebackType
 
 import pyarrow as pa
@@ -13,6 +13,8 @@ import ray
 
 from raylm.cluster.failures import data_worker_error
 from raylm.errors import RaylmError
+from raylm.storage.atomic import open_atomic
+from raylm.storage.location import Location
 from raylm.storage.ownership import tagged_schema
 
 
@@ -34,6 +36,7 @@ def stream_batches(ds: ray.data.Dataset, what: str) -> Iterator[pa.Table]:
 class PartialParquet:
     """A Parquet file appended batch by batch as `.NAME.partial` beside `path` and renamed over `path` when the
     `with` block ends normally; an error in the block removes it, so a failed run leaves nothing that looks final.
+    (On an object store the partial file is local and uploaded at the end: raylm.storage.atomic.)
 
     The partial name is fixed rather than unique: every writer holds the output directory's lock
     (raylm.storage.lock) while it writes, so no two raylm runs write one at once, and a run that was killed
@@ -41,16 +44,16 @@ class PartialParquet:
     opened at once (a stream with no rows still gives a file); without, at the first batch, whose schema it takes.
     """
 
-    def __init__(self, path: Path, schema: pa.Schema | None = None):
+    def __init__(self, path: Location, schema: pa.Schema | None = None):
         self.path = path
-        self.partial = path.with_name(f".{path.name}.partial")
+        self.file = ExitStack()
         self.writer: pq.ParquetWriter | None = None
         if schema is not None:
             self._open(schema)
 
     def _open(self, schema: pa.Schema) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.writer = pq.ParquetWriter(self.partial, tagged_schema(schema))
+        sink = self.file.enter_context(open_atomic(self.path, partial=f".{self.path.name}.partial"))
+        self.writer = pq.ParquetWriter(sink, tagged_schema(schema))
 
     def write(self, table: pa.Table) -> None:
         if self.writer is None:
@@ -64,7 +67,4 @@ class PartialParquet:
                  traceback: TracebackType | None) -> None:
         if self.writer is not None:
             self.writer.close()
-        if kind is not None:
-            self.partial.unlink(missing_ok=True)
-        elif self.writer is not None:
-            self.partial.replace(self.path)
+        self.file.__exit__(kind, error, traceback)

@@ -4,16 +4,16 @@ templates of each target's log-ratio against the first target, the spread over t
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import numpy as np
 
 from raylm.probe.sentences import ProbeSentence
 from raylm.storage.atomic import write_atomic
+from raylm.storage.location import Location
 
 
 def plot_log_ratios(sentences: list[ProbeSentence], ratios: list[list[float]], targets: list[str],
-                    templates: list[str], names: list[str], path: Path, title: str) -> None:
+                    templates: list[str], names: list[str], path: Location, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

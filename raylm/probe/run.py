@@ -13,6 +13,7 @@ import csv
 import io
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -31,6 +32,7 @@ from raylm.results.report import run_config
 from raylm.scoring.mlm import mask_log_probs
 from raylm.scoring.scorer import cpu_token_budget
 from raylm.storage.atomic import write_atomic
+from raylm.storage.location import Location, location
 
 REST = "(rest)"
 
@@ -96,8 +98,9 @@ def format_predictions(texts: list[str], predictions: list[list[Prediction]]) ->
     return "\n".join(lines)
 
 
-def run_probe_file(prober: Prober, probes: ProbeFile, out_dir: Path, k: int) -> str:
+def run_probe_file(prober: Prober, probes: ProbeFile, out_dir: str | os.PathLike[str] | Location, k: int) -> str:
     """Score a probe file, write its outputs under out_dir, and return the summary table (Markdown)."""
+    out_dir = location(out_dir)
     if k < 1:
         raise RaylmError(f"--top-k must be at least 1, got {k}")
     start = time.time()

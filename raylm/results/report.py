@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -30,6 +29,7 @@ from raylm.results.metrics import token_perplexity
 from raylm.results.native import lmeval_shape
 from raylm.scoring.predictions import choice_predictions
 from raylm.storage.atomic import write_atomic, write_parquet_atomic
+from raylm.storage.location import Location, location
 from raylm.storage.ownership import tagged
 
 log = logging.getLogger(__name__)
@@ -170,26 +170,14 @@ def run_summary(extra: dict[str, object], wall_s: float) -> str:
             f"{share}wall time {wall_s:.1f} s")
 
 
-def prepare_output(out_dir: Path) -> None:
-    """Fail before any scoring if results could not be written, rather than after an hour of work."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise RaylmError(f"output path '{out_dir}' exists and is not a directory")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
-    except OSError as e:
-        raise RaylmError(f"output directory '{out_dir}' is not writable: {e.strerror}") from e
-
-
-def write_samples(out_dir: Path, result: EvalResult) -> None:
+def write_samples(out_dir: str | os.PathLike[str] | Location, result: EvalResult) -> None:
     """samples/<task>.parquet per request; samples/<task>_docs.parquet per document for multiple choice and, with
     lm-eval's logged samples, for every lm-eval task, also as lm-eval's own samples/samples_<task>_<date>.jsonl
     (raylm.results.sample_logs); each file written atomically."""
     lmeval_tasks = [name for name, task in result.tasks.items() if task.kind == LMEVAL_KIND]
+    out_dir = location(out_dir)
     for name, task in result.tasks.items():
         path = out_dir / "samples" / f"{name}.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
         if task.kind == LMEVAL_KIND:
             _write_lmeval_samples(path, result, name)
             continue
@@ -206,7 +194,7 @@ def write_samples(out_dir: Path, result: EvalResult) -> None:
         write_sample_logs(out_dir, {name: result.lmeval["samples"][name] for name in lmeval_tasks}, date_id())
 
 
-def _write_lmeval_samples(path: Path, result: EvalResult, name: str) -> None:
+def _write_lmeval_samples(path: Location, result: EvalResult, name: str) -> None:
     from raylm.results.lmeval_samples import docs_table, requests_table
 
     samples = (result.lmeval or {}).get("samples")
@@ -214,7 +202,7 @@ def _write_lmeval_samples(path: Path, result: EvalResult, name: str) -> None:
         raise RaylmError(f"{name}: lm-eval's samples were not kept (run with log_samples)")
     indices = (result.config.samples or {}).get(name)
     write_parquet_atomic(path, tagged(requests_table(name, samples[name], result.tasks[name].scored, indices)))
-    write_parquet_atomic(path.with_name(f"{name}_docs.parquet"), tagged(docs_table(samples[name])))
+    write_parquet_atomic(path.parent / f"{name}_docs.parquet", tagged(docs_table(samples[name])))
 
 
 def results_json(result: EvalResult) -> str:
@@ -226,8 +214,8 @@ def results_json(result: EvalResult) -> str:
     return json.dumps(results_dict(result), indent=2, default=str)
 
 
-def write_results(out_dir: Path, result: EvalResult) -> Path:
-    path = out_dir / "results.json"
+def write_results(out_dir: str | os.PathLike[str] | Location, result: EvalResult) -> Location:
+    path = location(out_dir) / "results.json"
     write_atomic(path, results_json(result).encode())
     return path
 

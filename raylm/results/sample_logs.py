@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from raylm.storage.atomic import write_atomic
+from raylm.storage.location import Location
 
 
 def date_id() -> str:
@@ -40,7 +41,7 @@ def sample_log(task: str, samples: list[dict[str, Any]]) -> bytes:
         return (Path(tmp) / sample_log_name(task, tracker.date_id)).read_bytes()
 
 
-def write_sample_logs(out_dir: Path, samples: dict[str, list[dict[str, Any]]], date: str) -> list[Path]:
+def write_sample_logs(out_dir: Location, samples: dict[str, list[dict[str, Any]]], date: str) -> list[Location]:
     """Each task's log under out_dir/samples/, one date for the run, as lm-eval names a run's files."""
     paths = []
     for task, logged in samples.items():

@@ -22,6 +22,15 @@ What the lock guarantees depends on the filesystem DIR is on:
   give the lock to another node while the first run, not told, goes on writing its results.
 - Other shared filesystems (CephFS, Lustre, GPFS, SMB, FUSE mounts of object stores) each have their own rules, set
   by their mount options: check yours before pointing two nodes at one DIR.
+- A filesystem URI (s3://, gs://, abfs://, hdfs://; raylm.storage.location): pyarrow's filesystems offer neither
+  a lock nor a conditional write, so the lock is a lease. DIR/.raylm.lock is an object naming its holder and when
+  its lease expires; the holder renews it from a background thread every third of the lease (60 s, or
+  $RAYLM_LOCK_LEASE_S). A run that finds an unexpired lease stops, naming the holder. One that finds none, or an
+  expired one (its holder was killed, or its node lost), writes its own, waits SETTLE_S and reads it back: if
+  another run's record is there instead, it stops. Not guaranteed: two runs that both find the lease free, and
+  whose writes land more than SETTLE_S apart (a run stalled that long between its check and its write), both go
+  on; a holder stalled longer than its lease is taken over while it still runs (it logs an error at its next
+  renewal); and expiry is judged by each host's clock, so clocks that differ by a good part of a lease misjudge it.
 
 Within one process the lock is re-entrant per thread, so that `raylm eval` can hold it around evaluate() and the
 results it writes after, while evaluate() holds it for anyone calling it directly; another thread of the same
@@ -39,33 +48,43 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from raylm.errors import RaylmError
+from raylm.storage.atomic import write_atomic
+from raylm.storage.location import Location, location
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".raylm.lock"
+LEASE_ENV = "RAYLM_LOCK_LEASE_S"  # how long a lease on a filesystem URI lasts unless renewed (default 60 s)
+SETTLE_S = 1.0  # how long a run waits between writing its lease and reading it back
 
-_held: dict[tuple[str, int], list[int]] = {}  # (directory, thread) -> [descriptor, depth]
+_held: dict[tuple[str, int], list[Any]] = {}  # (directory, thread) -> [release, depth]
 _guard = threading.Lock()
 
 
 @contextmanager
-def output_lock(out_dir: Path) -> Iterator[None]:
+def output_lock(out_dir: str | os.PathLike[str] | Location) -> Iterator[None]:
     """Hold DIR's lock for the block, or raise a one-line RaylmError naming the run that holds it."""
-    key = (os.path.realpath(out_dir), threading.get_ident())
+    out = location(out_dir)
+    where = os.path.realpath(out.local) if out.local is not None else f"{out.fs.type_name}:{out.path}"
+    key = (where, threading.get_ident())
     with _guard:
         entry = _held.get(key)
         if entry is not None:
             entry[1] += 1
     if entry is None:
-        fd = _acquire(Path(out_dir))
+        if out.local is not None:
+            release = _acquire(out)
+        else:
+            release = _Lease(out, float(os.environ.get(LEASE_ENV, 60))).acquire()
         with _guard:
-            entry = _held[key] = [fd, 1]
+            entry = _held[key] = [release, 1]
     try:
         yield
     finally:
@@ -75,40 +94,46 @@ def output_lock(out_dir: Path) -> Iterator[None]:
             if done:
                 del _held[key]
         if done:
-            _release(entry[0])
+            entry[0]()
 
 
 def describe(holder: dict[str, Any]) -> str:
     if not holder:
         return "a run that has not yet said which"
+    lease = f", lease until {_clock(holder['expires'])}" if isinstance(holder.get("expires"), (int, float)) else ""
     return (f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, `{holder.get('command', '?')}`, since "
-            f"{holder.get('since', '?')}")
+            f"{holder.get('since', '?')}{lease}")
 
 
-def _acquire(out_dir: Path) -> int:
+def _clock(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(t))
+
+
+def _acquire(out: Location) -> Callable[[], None]:
+    out_dir = out.local
     path = out_dir / LOCK_FILE
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        raise RaylmError(f"cannot lock output directory '{out_dir}': {e.strerror or e}") from e
+        raise RaylmError(f"cannot lock output directory '{out}': {e.strerror or e}") from e
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = _read(fd)
         os.close(fd)
-        raise RaylmError(f"output directory '{out_dir}' is in use by another raylm run ({describe(holder)}); "
+        raise RaylmError(f"output directory '{out}' is in use by another raylm run ({describe(holder)}); "
                          "wait for it to finish, or use another --output") from None
     except OSError as e:
         os.close(fd)
-        raise RaylmError(f"cannot lock output directory '{out_dir}': {e.strerror or e}") from e
+        raise RaylmError(f"cannot lock output directory '{out}': {e.strerror or e}") from e
     previous = _read(fd)
     if previous:
-        log.warning("output directory %s was last held by a run that did not finish (%s); taking it over", out_dir,
+        log.warning("output directory %s was last held by a run that did not finish (%s); taking it over", out,
                     describe(previous))
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(_me()).encode(), 0)
-    return fd
+    return lambda: _release(fd)
 
 
 def _release(fd: int) -> None:
@@ -132,5 +157,77 @@ def _me() -> dict[str, Any]:
     if program in ("raylm", "__main__.py"):
         program = "raylm"
     command = shlex.join([program, *sys.argv[1:]]).replace("\n", " ")
-    return {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-            "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+    return {"pid": os.getpid(), "host": socket.gethostname(), "command": command, "since": _clock(time.time())}
+
+
+class _Lease:
+    """DIR/.raylm.lock on a filesystem URI: a record of its holder with an expiry the holder keeps renewing."""
+
+    def __init__(self, out: Location, lease_s: float):
+        self.out, self.path, self.lease_s = out, out / LOCK_FILE, lease_s
+        self.record = {**_me(), "owner": uuid.uuid4().hex, "lease_s": lease_s}
+        self.stop = threading.Event()
+        self.renewer = threading.Thread(target=self._renew, name="raylm-lease", daemon=True)
+
+    def acquire(self) -> Callable[[], None]:
+        previous = self._read()
+        if previous is not None and not _expired(previous):
+            raise self._in_use(previous)
+        self._write()
+        time.sleep(SETTLE_S)
+        now = self._read()
+        if now is None or now.get("owner") != self.record["owner"]:
+            raise self._in_use(now or {})
+        if previous is not None:
+            log.warning("output directory %s was last held by a run whose lease expired (%s); taking it over",
+                        self.out, describe(previous))
+        self.renewer.start()
+        return self.release
+
+    def release(self) -> None:
+        self.stop.set()
+        self.renewer.join()
+        try:
+            if (self._read() or {}).get("owner") == self.record["owner"]:
+                self.path.unlink()
+        except OSError as e:
+            log.warning("could not remove the lock %s (%s); its lease expires by itself", self.path, e)
+
+    def _renew(self) -> None:
+        while not self.stop.wait(self.lease_s / 3):
+            try:
+                holder = self._read()
+                if holder is not None and holder.get("owner") != self.record["owner"]:
+                    log.error("output directory %s: this run's lease was taken over by %s; two runs may now "
+                              "write there", self.out, describe(holder))
+                    return
+                self._write()
+            except (OSError, RaylmError) as e:  # a store unreachable for a moment: the next renewal may reach it
+                log.warning("could not renew the lease on %s: %s", self.path, e)
+
+    def _write(self) -> None:
+        self.record["expires"] = time.time() + self.lease_s
+        try:
+            write_atomic(self.path, json.dumps(self.record).encode())
+        except OSError as e:
+            raise RaylmError(f"cannot lock output directory '{self.out}': {e}") from e
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return {}  # a record cut short or not raylm's: treated as a holder whose lease is over
+        except OSError as e:
+            raise RaylmError(f"cannot lock output directory '{self.out}': {e}") from e
+        return data if isinstance(data, dict) else {}
+
+    def _in_use(self, holder: dict[str, Any]) -> RaylmError:
+        return RaylmError(f"output directory '{self.out}' is in use by another raylm run ({describe(holder)}); "
+                          "wait for it to finish, or use another --output")
+
+
+def _expired(holder: dict[str, Any]) -> bool:
+    expires = holder.get("expires")
+    return not isinstance(expires, (int, float)) or expires <= time.time()

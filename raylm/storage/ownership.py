@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
+import os
 from typing import Any
 
 import pyarrow as pa
@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 import raylm
 from raylm.errors import RaylmError
+from raylm.storage.location import Location, location
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +37,14 @@ def tagged_schema(schema: pa.Schema) -> pa.Schema:
     return schema.with_metadata({**(schema.metadata or {}), PARQUET_KEY: raylm.__version__.encode()})
 
 
-def _json(path: Path) -> Any:
+def _json(path: Location) -> Any:
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_bytes())
     except (OSError, ValueError):
         return None
 
 
-def results_kind(path: Path) -> str | None:
+def results_kind(path: Location) -> str | None:
     """The command that wrote a results file raylm wrote ('eval', 'ppl', 'kl', 'probe', 'contamination',
     'membership'), else None."""
     data = _json(path)
@@ -53,14 +54,15 @@ def results_kind(path: Path) -> str | None:
     return str(config.get("command", "eval"))
 
 
-def check_results_owner(out_dir: Path, command: str, results: str = RESULTS, parquets: tuple[str, ...] = (),
-                        checkpoint: bool = False) -> None:
+def check_results_owner(out_dir: str | os.PathLike[str] | Location, command: str, results: str = RESULTS,
+                        parquets: tuple[str, ...] = (), checkpoint: bool = False) -> None:
     """The one rule for a command about to write into out_dir, checked before any work: a rerun of the command
     replaces its own outputs; another command's, or a file raylm did not write, stays, and the run is refused.
 
     `results` is the command's JSON file (raylm's version and the command in its config), `parquets` the Parquet
     files it writes at fixed names (raylm's mark in their schema), `checkpoint` whether it keeps a checkpoint/
     (raylm's manifest in it)."""
+    out_dir = location(out_dir)
     path = out_dir / results
     found = results_kind(path) if path.exists() else command
     if found != command:
@@ -74,27 +76,28 @@ def check_results_owner(out_dir: Path, command: str, results: str = RESULTS, par
                          "another --output")
 
 
-def is_raylm_manifest(path: Path) -> bool:
+def is_raylm_manifest(path: Location) -> bool:
     data = _json(path)
     return isinstance(data, dict) and isinstance(data.get("code"), dict) and "raylm" in data["code"]
 
 
-def is_raylm_parquet(path: Path) -> bool:
+def is_raylm_parquet(path: str | os.PathLike[str] | Location) -> bool:
     try:
-        metadata = pq.read_schema(path).metadata or {}
+        with location(path).open_input() as f:
+            metadata = pq.read_schema(f).metadata or {}
     except (OSError, pa.ArrowException):
         return False
     return any(key.startswith(b"raylm.") for key in metadata)
 
 
-def foreign_checkpoint(out_dir: Path) -> bool:
+def foreign_checkpoint(out_dir: Location) -> bool:
     """A checkpoint/ directory with contents but no raylm manifest: raylm must neither resume from it nor write
     into it."""
     root = out_dir / CHECKPOINT_DIR
-    return root.is_dir() and any(root.iterdir()) and not is_raylm_manifest(root / MANIFEST)
+    return root.is_dir() and bool(root.iterdir()) and not is_raylm_manifest(root / MANIFEST)
 
 
-def remove_raylm_files(out_dir: Path) -> None:
+def remove_raylm_files(out_dir: Location) -> None:
     """Delete results.json, the checkpoint and the samples raylm wrote under out_dir, and the directories they
     leave empty; anything else stays, named in a warning."""
     results = out_dir / RESULTS
@@ -108,17 +111,17 @@ def remove_raylm_files(out_dir: Path) -> None:
     _remove_parquet(out_dir / SAMPLES_DIR)
 
 
-def _remove_parquet(directory: Path) -> None:
+def _remove_parquet(directory: Location) -> None:
     if not directory.is_dir():
         return
     for path in directory.iterdir():
-        if path.is_file() and path.suffix == ".parquet" and is_raylm_parquet(path):
+        if path.suffix == ".parquet" and path.is_file() and is_raylm_parquet(path):
             path.unlink()
     _remove_if_empty(directory)
 
 
-def _remove_if_empty(directory: Path) -> None:
-    left = list(directory.iterdir())
+def _remove_if_empty(directory: Location) -> None:
+    left = directory.iterdir()
     if left:
         log.warning("--overwrite left %s in place: raylm did not write %s", directory,
                     ", ".join(sorted(p.name for p in left)[:5]) + (" ..." if len(left) > 5 else ""))

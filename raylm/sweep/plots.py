@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import io
 import math
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from raylm.scoring.predictions import norm_scores
 from raylm.storage.atomic import write_atomic
+from raylm.storage.location import Location
 from raylm.sweep.config import Sweep
 from raylm.sweep.summary import Row, headline_metrics
 
@@ -27,7 +27,7 @@ def _pyplot():
     return plt
 
 
-def plot_metrics(sweep: Sweep, rows: list[Row], path: Path) -> None:
+def plot_metrics(sweep: Sweep, rows: list[Row], path: Location) -> None:
     """One panel per task metric; in each, a group of bars per point, one bar per model, stderr as error bars."""
     plt = _pyplot()
     metrics = headline_metrics(rows)
@@ -54,7 +54,7 @@ def plot_metrics(sweep: Sweep, rows: list[Row], path: Path) -> None:
     _save(fig, plt, path)
 
 
-def plot_norm_scores(task: str, rows: list[Row], path: Path) -> None:
+def plot_norm_scores(task: str, rows: list[Row], path: Location) -> None:
     """Per model and point, how loglikelihood per character (what acc_norm ranks by) is distributed for the
     correct choice versus the others: the further apart, the better the model separates them."""
     plt = _pyplot()
@@ -77,15 +77,16 @@ def plot_norm_scores(task: str, rows: list[Row], path: Path) -> None:
     _save(fig, plt, path)
 
 
-def _norm_scores(samples: Path) -> tuple[np.ndarray, np.ndarray]:
-    table = pq.read_table(samples, columns=["req_idx", "gold", "loglikelihood", "norm_len"])
+def _norm_scores(samples: Location) -> tuple[np.ndarray, np.ndarray]:
+    with samples.open_input() as f:
+        table = pq.read_table(f, columns=["req_idx", "gold", "loglikelihood", "norm_len"])
     score = norm_scores(table)
     gold = table["req_idx"].to_numpy() == table["gold"].to_numpy()
     shown = np.isfinite(score)  # an empty choice has no score per character (norm_scores) and no place on an axis
     return score[gold & shown], score[~gold & shown]
 
 
-def _save(fig, plt, path: Path) -> None:
+def _save(fig, plt, path: Location) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)

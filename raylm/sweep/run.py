@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from raylm.cluster.checkpoint import Checkpoint
 from raylm.cluster.runtime import (
@@ -34,8 +34,9 @@ from raylm.evaluate import evaluate, run_fingerprint
 from raylm.models.identity import pin_revision
 from raylm.models.spec import check_model_path
 from raylm.results.contamination import scan_digest
-from raylm.results.report import prepare_output, write_results, write_samples
+from raylm.results.report import write_results, write_samples
 from raylm.storage.atomic import write_atomic
+from raylm.storage.location import Location, location, prepare_output
 from raylm.storage.lock import output_lock
 from raylm.storage.ownership import CHECKPOINT_DIR, RESULTS
 from raylm.sweep.config import Sweep, SweepModel, SweepPoint
@@ -58,17 +59,17 @@ class ModelRun:
     points_skipped: list[str] = field(default_factory=list)
 
 
-def point_dir(out: Path, model: SweepModel, point: SweepPoint) -> Path:
+def point_dir(out: Location, model: SweepModel, point: SweepPoint) -> Location:
     return out / model.name / point.name
 
 
-def run_sweep(sweep: Sweep, out: Path) -> dict[str, ModelRun]:
+def run_sweep(sweep: Sweep, out: str | os.PathLike[str] | Location) -> dict[str, ModelRun]:
     """Run every point whose results are not this sweep's, then write the summaries and plots over all points.
 
     A model that fails does not stop the others: the summaries and plots cover the models that finished, and then
     one error names every model that failed. The sweep's output directory is locked for the run, and each point's
     while it is judged and run."""
-    prepare_output(out)
+    out = prepare_output(out)
     with output_lock(out):
         for model in sweep.models:
             check_model_path(model.spec)
@@ -109,7 +110,8 @@ def _failed(failures: dict[str, BaseException], finished: int) -> BaseException:
     return RaylmError(line)
 
 
-def point_is_current(sweep: Sweep, model: SweepModel, point: SweepPoint, out: Path) -> bool:
+def point_is_current(sweep: Sweep, model: SweepModel, point: SweepPoint, out: str | os.PathLike[str] | Location
+                     ) -> bool:
     """Whether the point's folder holds this sweep's finished results: its results.json, and a checkpoint
     manifest equal to the fingerprint `raylm eval` would give this point now (model commit or weight digest,
     tasks, the request tables, settings, seeds, include path, versions, code).
@@ -118,6 +120,7 @@ def point_is_current(sweep: Sweep, model: SweepModel, point: SweepPoint, out: Pa
     aside to OUT/superseded/<time>/<model>/<point> and the point runs afresh, so no summary mixes two configs;
     a folder holding a checkpoint of this very config resumes from it. Files raylm did not write are refused,
     as by `raylm eval`."""
+    out = location(out)
     where = point_dir(out, model, point)
     if not (where / RESULTS).exists() and not (where / CHECKPOINT_DIR).exists():
         return False
@@ -134,29 +137,28 @@ def point_is_current(sweep: Sweep, model: SweepModel, point: SweepPoint, out: Pa
             # does: results of another scan are recomputed from the checkpoint, which the rerun resumes whole.
             return (where / RESULTS).is_file() and _scan_of(where / RESULTS) == scan_digest(sweep.decontaminate)
     aside = out / SUPERSEDED_DIR / time.strftime("%Y%m%dT%H%M%S") / model.name / point.name
-    aside.parent.mkdir(parents=True, exist_ok=True)
-    where.rename(aside)
+    where.move(aside)
     log.warning("sweep: %s / %s holds results of another config (differs in: %s); moved them to %s and running "
                 "the point afresh", model.name, point.name, ", ".join(differs), aside)
     return False
 
 
-def _scan_of(results: Path) -> str | None:
+def _scan_of(results: Location) -> str | None:
     """The contamination scan a point's results.json was decontaminated with (None: none)."""
     try:
-        recorded = json.loads(results.read_text()).get("decontamination")
+        recorded = json.loads(results.read_bytes()).get("decontamination")
     except (OSError, ValueError):
         return None
     return recorded.get("scan_sha256") if isinstance(recorded, dict) else None
 
 
-def point_config(sweep: Sweep, model: SweepModel, point: SweepPoint, out: Path, num_cpus: float | None
+def point_config(sweep: Sweep, model: SweepModel, point: SweepPoint, out: Location, num_cpus: float | None
                  ) -> EvalConfig:
     """The point as `raylm eval` runs it, checkpointing into its own folder."""
-    return replace(sweep.config(model, point), num_cpus=num_cpus, output=point_dir(out, model, point))
+    return replace(sweep.config(model, point), num_cpus=num_cpus, output=str(point_dir(out, model, point)))
 
 
-def _run_models(sweep: Sweep, todo: dict[str, list[SweepPoint]], out: Path, runs: dict[str, ModelRun]
+def _run_models(sweep: Sweep, todo: dict[str, list[SweepPoint]], out: Location, runs: dict[str, ModelRun]
                 ) -> dict[str, BaseException]:
     """Every model's unfinished points, models side by side; a failing model does not stop the others. Returns
     each failed model's error."""
@@ -180,7 +182,7 @@ def _cpus_per_actor(sweep: Sweep, models: int) -> float | None:
     return float(cpu_share(models * sweep.actors_per_model))
 
 
-def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], out: Path, run: ModelRun,
+def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], out: Location, run: ModelRun,
                num_cpus: float | None) -> None:
     actors = start_actors(model.spec, sweep.actors_per_model, None, sweep.num_gpus, num_cpus)
     run.loads += len(actors)
@@ -202,7 +204,7 @@ def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], out: P
         kill(actors)
 
 
-def write_reports(sweep: Sweep, out: Path) -> list[Path]:
+def write_reports(sweep: Sweep, out: Location) -> list[Location]:
     """summary.csv, summary.md, metrics.png and a score histogram per native multiple-choice task, over all
     points."""
     rows = collect(sweep, out)
@@ -217,7 +219,7 @@ def write_reports(sweep: Sweep, out: Path) -> list[Path]:
     return paths
 
 
-def _write_manifest(out: Path, runs: dict[str, ModelRun]) -> None:
+def _write_manifest(out: Location, runs: dict[str, ModelRun]) -> None:
     """sweep.json: per model, the loads and actor processes of this invocation (the proof of one load each)."""
     data = {name: vars(run) for name, run in runs.items()}
     write_atomic(out / "sweep.json", json.dumps(data, indent=2).encode())

@@ -11,9 +11,9 @@ import io
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from raylm.storage.location import Location
 from raylm.sweep.config import Sweep
 
 SUMMARY_METRICS = ("acc", "acc_norm", "word_perplexity", "bits_per_byte")
@@ -25,7 +25,7 @@ SUMMARY_CSV, SUMMARY_MD = "summary.csv", "summary.md"
 class Row:
     model: str
     point: str
-    directory: Path
+    directory: Location
     results: dict[str, Any]
 
     def metric(self, task: str, metric: str) -> tuple[float | None, float | None]:
@@ -41,12 +41,12 @@ class Row:
         return [name for name in self.results["results"] if name not in inside]
 
 
-def collect(sweep: Sweep, out: Path) -> list[Row]:
+def collect(sweep: Sweep, out: Location) -> list[Row]:
     rows = []
     for model in sweep.models:
         for point in sweep.points:
             directory = out / model.name / point.name
-            rows.append(Row(model.name, point.name, directory, json.loads((directory / "results.json").read_text())))
+            rows.append(Row(model.name, point.name, directory, json.loads((directory / "results.json").read_bytes())))
     return rows
 
 

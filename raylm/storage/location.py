@@ -1,0 +1,187 @@
+"""An output location: a local directory or a directory on a filesystem named by URI (`s3://bucket/run`,
+`gs://`, `abfs://`, `hdfs://`, `file://`), as Ray Train's `storage_path` takes one, so that results and checkpoints
+can outlive the cluster that computed them.
+
+Every stage that writes, and every read a resume makes (checkpoint, ownership checks, sweep points), goes through a
+Location: pyarrow's filesystem for the URI's scheme, fsspec's (wrapped for pyarrow) where pyarrow has none.
+Credentials come from the standard environment of each store (AWS_PROFILE, AWS_ACCESS_KEY_ID, ...,
+GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_ACCOUNT_KEY); pyarrow's S3 does not read AWS_ENDPOINT_URL, so
+raylm does (`s3_endpoint`), for S3-compatible stores (MinIO, Ceph, R2).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from raylm.errors import RaylmError
+
+# Filesystems where a rename is atomic, so a file is written beside its name and renamed into place; the others
+# (object stores) make an object visible only once its upload completes, so it is written in one upload.
+RENAMING = ("local", "hdfs")
+
+
+class Location:
+    """A file or directory on a filesystem, named in messages as the user wrote it (`uri`)."""
+
+    def __init__(self, fs: pafs.FileSystem, path: str, uri: str, query: str = ""):
+        self.fs, self.path, self.uri, self.query = fs, path.rstrip("/"), uri.rstrip("/"), query
+
+    def __truediv__(self, name: str) -> Location:
+        return Location(self.fs, f"{self.path}/{name}", f"{self.uri}/{name}", self.query)
+
+    def __str__(self) -> str:
+        return f"{self.uri}?{self.query}" if self.query else self.uri
+
+    def __repr__(self) -> str:
+        return f"Location({str(self)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Location) and (self.fs.type_name, self.path) == (other.fs.type_name, other.path)
+
+    def __hash__(self) -> int:
+        return hash((self.fs.type_name, self.path))
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+    @property
+    def suffix(self) -> str:
+        return Path(self.name).suffix
+
+    @property
+    def parent(self) -> Location:
+        return Location(self.fs, self.path.rsplit("/", 1)[0], self.uri.rsplit("/", 1)[0], self.query)
+
+    @property
+    def local(self) -> Path | None:
+        """The path on this machine's own filesystem (NFS mounts included), else None."""
+        return Path(self.path) if isinstance(self.fs, pafs.LocalFileSystem) else None
+
+    @property
+    def renames(self) -> bool:
+        return self.fs.type_name in RENAMING
+
+    def _type(self) -> pafs.FileType:
+        return self.fs.get_file_info(self.path).type
+
+    def exists(self) -> bool:
+        return self._type() != pafs.FileType.NotFound
+
+    def is_file(self) -> bool:
+        return self._type() == pafs.FileType.File
+
+    def is_dir(self) -> bool:
+        return self._type() == pafs.FileType.Directory
+
+    def iterdir(self) -> list[Location]:
+        """The entries directly under this directory (none where it does not exist)."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+        return [self / info.base_name for info in infos]
+
+    def files(self) -> list[Location]:
+        """Every file under this directory, at any depth."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True, recursive=True))
+        return [Location(self.fs, i.path, self.uri + i.path[len(self.path):], self.query) for i in infos
+                if i.type == pafs.FileType.File]
+
+    def read_bytes(self) -> bytes:
+        with self.fs.open_input_stream(self.path) as f:
+            return f.read()
+
+    def read_text(self) -> str:
+        return self.read_bytes().decode()
+
+    def open_input(self) -> pa.NativeFile:
+        """Random access, as Parquet readers need."""
+        return self.fs.open_input_file(self.path)
+
+    def mkdir(self) -> None:
+        if self.local is not None:  # for the OS's own error, as messages quote it ("Not a directory")
+            self.local.mkdir(parents=True, exist_ok=True)
+        else:
+            self.fs.create_dir(self.path, recursive=True)
+
+    def unlink(self) -> None:
+        self.fs.delete_file(self.path)
+
+    def rmdir(self) -> None:
+        self.fs.delete_dir(self.path)
+
+    def move(self, dest: Location) -> None:
+        """Move this directory to dest: one rename where the filesystem has them, else file by file (an object
+        store has no directories to rename)."""
+        dest.parent.mkdir()
+        if self.renames:
+            self.fs.move(self.path, dest.path)
+            return
+        for file in self.files():
+            self.fs.move(file.path, dest.path + file.path[len(self.path):])
+        self.fs.delete_dir(self.path)
+
+
+def location(where: str | os.PathLike[str] | Location) -> Location:
+    """The Location of a local path or a filesystem URI; a Location is returned as it is."""
+    if isinstance(where, Location):
+        return where
+    text = os.fspath(where)
+    if "://" not in text:
+        if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/(?!/)", text):
+            raise RaylmError(f"output '{text}' looks like a storage URI whose '//' was folded into '/' (a Path does "
+                             f"that): pass it as a string, e.g. '{text.replace(':/', '://', 1)}'")
+        return Location(pafs.LocalFileSystem(), os.path.abspath(text), text)
+    base, _, query = text.partition("?")
+    scheme = base.split("://", 1)[0].lower()
+    try:
+        endpoint = s3_endpoint()
+        if scheme == "s3" and endpoint and not query:
+            return Location(pafs.S3FileSystem(endpoint_override=endpoint), base.split("://", 1)[1], base)
+        try:
+            fs, path = pafs.FileSystem.from_uri(text)
+        except pa.ArrowInvalid:  # a scheme pyarrow has no filesystem for
+            fs, path = _fsspec(text)
+    except (OSError, ValueError, pa.ArrowException) as e:
+        raise RaylmError(f"cannot open output '{text}': {e}") from e
+    return Location(fs, path, base, query)
+
+
+def s3_endpoint() -> str | None:
+    """The S3 endpoint the AWS CLI and SDKs would use: AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
+def _fsspec(uri: str) -> tuple[pafs.FileSystem, str]:
+    try:
+        import fsspec
+    except ImportError:
+        raise RaylmError(f"pyarrow has no filesystem for '{uri}', and fsspec, which may, is not installed") from None
+    fs, path = fsspec.core.url_to_fs(uri)
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
+
+
+def prepare_output(where: str | os.PathLike[str] | Location) -> Location:
+    """Fail before any scoring if results could not be written, rather than after an hour of work: a file where
+    the directory should be, a bucket that does not exist, credentials that may not write."""
+    out = location(where)
+    try:
+        if out.is_file():
+            raise RaylmError(f"output path '{out}' exists and is not a directory")
+        out.mkdir()
+        if out.local is not None:
+            with tempfile.TemporaryFile(dir=out.local):
+                pass
+        else:
+            probe = out / f".raylm-probe-{uuid.uuid4().hex}"
+            with out.fs.open_output_stream(probe.path):
+                pass
+            probe.unlink()
+    except OSError as e:
+        raise RaylmError(f"output directory '{out}' is not writable: {e.strerror or e}") from e
+    return out
