@@ -19,6 +19,7 @@ from raylm.cli.lmeval import apply_model_args, translate
 from raylm.cli.membership import add_membership_command
 from raylm.cli.options import output_dir
 from raylm.cli.probe import add_probe_command
+from raylm.cli.report import add_report_command
 from raylm.cli.sweep import add_sweep_command
 from raylm.errors import RaylmError, RemoteError
 from raylm.storage.atomic import write_atomic
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_contamination_command(sub)
     add_membership_command(sub)
     add_compare_command(sub)
+    add_report_command(sub)
     return parser
 
 

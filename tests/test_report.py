@@ -1,0 +1,203 @@
+"""`raylm report`: the page built from runs written by raylm's writers from random scores (tests/test_compare.py's
+runs, no model), read back as HTML: its tables hold the numbers results.json and raylm compare hold, it loads
+nothing, it escapes what the results say; and opened in a real headless Chromium, which renders it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+import subprocess
+from html.parser import HTMLParser
+
+import pytest
+from test_compare import _write_run, built, runs  # noqa: F401  (fixtures: the two runs compare's tests use)
+
+from raylm.cli import main
+from raylm.results.compare import compare_runs
+from raylm.results.page import report_page
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync")
+
+
+class Page(HTMLParser):
+    """The page's tables (id -> rows of cell texts), its <svg> count, title, and every tag and attribute seen."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.title, self.svgs = "", 0
+        self.svg_text: list[str] = []  # the charts' text, kept as text
+        self._table: str | None = None
+        self._cell: list[str] | None = None
+        self._in_title = self._in_text = False
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.tags.append((tag, attrs))
+        if tag == "table":
+            self._table = attrs.get("id")
+            self.tables[self._table] = []
+        elif tag == "tr" and self._table is not None:
+            self.tables[self._table].append([])
+        elif tag in ("td", "th") and self._table is not None:
+            self._cell = []
+        elif tag == "svg":
+            self.svgs += 1
+        self._in_title = tag == "title"
+        self._in_text = tag == "text"
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[self._table][-1].append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "table":
+            self._table = None
+        self._in_title = self._in_text = False
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+        if self._in_title:
+            self.title += data
+        if self._in_text:
+            self.svg_text.append(data)
+
+
+def _number(cell: str) -> float | None:
+    return None if cell in ("", "N/A", "n/a") else float(cell)
+
+
+def _results_rows(page: Page, table_id: str) -> dict[tuple[str, str, str], tuple[float | None, float | None]]:
+    """(task, metric, filter) -> (value, stderr) as the page's results table shows them."""
+    header, *rows = page.tables[table_id]
+    assert header == ["Tasks" if table_id.startswith("results") else "Groups", "Version", "Filter", "n-shot",
+                      "Metric", "", "Value", "", "Stderr"]
+    return {(r[0], r[4], r[2]): (_number(r[6]), _number(r[8])) for r in rows}
+
+
+def _expected(results: dict, column: str) -> dict[tuple[str, str, str], tuple[float | None, float | None]]:
+    out = {}
+    for task, values in results.get(column, {}).items():
+        for key, value in values.items():
+            metric, _, filter_key = key.partition(",")
+            if filter_key and not metric.endswith("_stderr"):
+                stderr = values.get(f"{metric}_stderr,{filter_key}")
+                out[(task, metric, filter_key)] = (value, None if stderr in (None, "N/A") else stderr)
+    return out
+
+
+@pytest.fixture(scope="module")
+def page(runs):
+    a, b, _, _ = runs
+    text, refused = report_page([a, b])
+    assert refused is None
+    return text
+
+
+def test_the_results_tables_hold_every_number_results_json_holds(runs, page):
+    a, b, _, _ = runs
+    parsed = Page(page)
+    for i, run in enumerate((a, b)):
+        results = json.loads((run / "results.json").read_text())
+        for column in ("results", "groups"):
+            shown = _results_rows(parsed, f"{column}-{i}")
+            expected = _expected(results, column)
+            assert set(shown) == set(expected) and expected
+            for key, (value, stderr) in expected.items():
+                assert shown[key][0] == pytest.approx(value, abs=5e-5), key  # shown to 4 places, as lm-eval
+                assert shown[key][1] == (None if stderr is None else pytest.approx(stderr, abs=5e-5)), key
+        config = dict(parsed.tables[f"config-{i}"])
+        assert config["model"] == results["config"]["model"]
+        assert json.loads(config["tasks"]) == results["config"]["tasks"]
+        assert float(config["wall_time_s"]) == results["config"]["wall_time_s"]
+        assert json.loads(config["versions"]) == results["config"]["versions"]
+        assert json.loads(config["n-shot"]) == results["n-shot"]
+
+
+def test_the_comparison_table_is_raylm_compares_and_is_charted(runs, page):
+    a, b, _, _ = runs
+    parsed = Page(page)
+    header, *rows = parsed.tables["comparison-0"]
+    assert header[:6] == ["task", "metric", "n", "a", "b", "b − a"]
+    pair = compare_runs([a, b])["comparisons"][0]
+    expected = {(task, metric): d for task, entry in pair["tasks"].items() for metric, d in entry["metrics"].items()}
+    shown = {(r[0], r[1]): r[2:] for r in rows}
+    assert set(shown) == set(expected) and {"mmlu_local", "hellaswag", "wikitext"} <= {t for t, _ in shown}
+    for key, d in expected.items():
+        se = d.get("diff_stderr_clustered") or d["diff_stderr"]
+        numbers = [d["n"], d["a"], d["b"], d["diff"], se, d["unpaired_stderr"], d["ci95_low"], d["ci95_high"],
+                   d["p_value"]]
+        assert len(shown[key]) == len(numbers)
+        for cell, number in zip(shown[key][:-1], numbers[:-1]):  # to 4 places
+            assert _number(cell) == (None if number is None else pytest.approx(number, abs=5e-5)), (key, cell)
+        assert _number(shown[key][-1]) == pytest.approx(d["p_value"], rel=5e-3), key  # 3 significant digits
+    assert parsed.svgs == 2  # the comparison's chart and the runs' metrics chart
+    assert set(pair["tasks"]) <= set(parsed.svg_text)  # every compared task and group charted
+    assert "b − a in acc, with its 95% interval" in parsed.svg_text
+
+
+def test_the_page_loads_nothing_and_escapes_what_results_say(runs, tmp_path):
+    a, _, _, _ = runs
+    hostile = tmp_path / "<b>run"
+    shutil.copytree(a, hostile)
+    data = json.loads((hostile / "results.json").read_text())
+    data["config"]["model"] = "<script>alert(1)</script>"
+    data["results"]["<img src=http://example.com/x.png>"] = data["results"].pop("hellaswag")
+    (hostile / "results.json").write_text(json.dumps(data))
+    text, refused = report_page([hostile])
+    parsed = Page(text)
+    assert refused is None and parsed.title == f"raylm report: {hostile}"
+    assert dict(parsed.tables["config-0"])["model"] == "<script>alert(1)</script>"  # shown as text
+    assert "<img src=http://example.com/x.png>" in [row[0] for row in parsed.tables["results-0"]]
+    assert "<img src=http://example.com/x.png>" in parsed.svg_text  # in the metrics chart, escaped by matplotlib
+    assert not [tag for tag, _ in parsed.tags if tag in ("script", "img", "link", "iframe", "object", "b")]
+    for tag, attrs in parsed.tags:
+        for name in ("src", "href", "xlink:href"):
+            assert (attrs.get(name) or "#").startswith("#"), (tag, attrs)  # links inside the page only
+    assert not re.search(r"url\((?!#)", text) and "@import" not in text  # clip paths by id, no fetched style
+
+
+def test_runs_without_samples_are_shown_and_the_refusal_said(runs, tmp_path, capsys):
+    a, b, _, _ = runs
+    for run in (a, b):
+        shutil.copy(run / "results.json", tmp_path / f"{run.name}.json")
+        (tmp_path / run.name).mkdir()
+        shutil.copy(run / "results.json", tmp_path / run.name / "results.json")
+    out = tmp_path / "pages" / "report.html"
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--output", str(out)]) == 0
+    assert "runs not compared" in capsys.readouterr().err
+    parsed = Page(out.read_text())
+    assert {"results-0", "results-1"} <= set(parsed.tables) and "comparison-0" not in parsed.tables
+    assert "Not compared:" in out.read_text() and "no task with per-document samples in common" in out.read_text()
+
+
+def _png_size(path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_headless_chromium_renders_the_page(runs, tmp_path):
+    """Debian's chromium (.ci/run installs it): the DOM it builds holds the title, the tables' rows and the
+    charts, and its screenshot is a picture of the page."""
+    a, b, _, _ = runs
+    out = tmp_path / "report.html"
+    assert main(["report", str(a), str(b), "--output", str(out)]) == 0
+    browser = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*browser, "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    rendered, written = Page(dom.stdout), Page(out.read_text())
+    assert rendered.title == written.title and rendered.title.startswith("raylm report: ")
+    assert rendered.tables == written.tables and len(rendered.tables["results-0"]) > 10
+    assert rendered.svgs == 2
+    shot = tmp_path / "page.png"
+    proc = subprocess.run([*browser, f"--screenshot={shot}", "--window-size=1200,1600", out.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and shot.is_file(), proc.stderr[-2000:]
+    assert _png_size(shot) == (1200, 1600) and shot.stat().st_size > 20_000  # a drawn page, not a blank one
