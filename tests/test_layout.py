@@ -32,7 +32,7 @@ ALLOWED = {
     "results": {"config", "models", "requests", "scoring", "storage", "tasks"},
     "corpus": {"cluster", "models", "requests", "results", "scoring", "storage"},
     "evaluate": {"cluster", "config", "models", "requests", "results", "storage", "tasks"},
-    "sweep": {"cluster", "config", "data", "evaluate", "models", "results", "scoring", "storage", "tasks"},
+    "sweep": {"cluster", "config", "data", "evaluate", "models", "results", "storage", "tasks"},
     "probe": {"data", "models", "results", "scoring", "storage"},
     # a corpus job beside corpus/: task queries (tasks) -> n-grams -> a corpus streamed by Ray Data (corpus,
     # cluster) -> overlaps and clean sets (results); membership's driver sends task documents to corpus/'s model

@@ -1,6 +1,7 @@
 """`raylm report`: the page built from runs written by raylm's writers from random scores (tests/test_compare.py's
-runs, no model), read back as HTML: its tables hold the numbers results.json and raylm compare hold, it loads
-nothing, it escapes what the results say; and opened in a real headless Chromium, which renders it."""
+runs, no model), read back as HTML: its tables hold the numbers results.json and raylm compare hold, its score
+distributions the samples' scores, it loads nothing, it escapes what the results say; and opened in a real headless
+Chromium, which renders it."""
 
 from __future__ import annotations
 
@@ -11,20 +12,25 @@ import struct
 import subprocess
 from html.parser import HTMLParser
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from test_compare import _write_run, built, runs  # noqa: F401  (fixtures: the two runs compare's tests use)
 
 from raylm.cli import main
 from raylm.results.compare import compare_runs
+from raylm.results.distributions import PER_CHARACTER, SUMMED, choice_scores
 from raylm.results.page import report_page
 
 CHROMIUM = "/usr/bin/chromium"
+MULTIPLE_CHOICE = 8  # per run: arc_easy_local, hellaswag and mmlu_local's six subjects
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync")
 
 
 class Page(HTMLParser):
-    """The page's tables (id -> rows of cell texts), its <svg> count, title, and every tag and attribute seen."""
+    """The page's tables (id -> rows of cell texts), its <svg> count, title, every tag and attribute seen, and
+each run's score distribution charts (run index -> each chart's texts)."""
 
     def __init__(self, text: str):
         super().__init__()
@@ -32,6 +38,8 @@ class Page(HTMLParser):
         self.tags: list[tuple[str, dict[str, str | None]]] = []
         self.title, self.svgs = "", 0
         self.svg_text: list[str] = []  # the charts' text, kept as text
+        self.distributions: dict[int, list[list[str]]] = {}
+        self._charts: list[list[str]] | None = None
         self._table: str | None = None
         self._cell: list[str] | None = None
         self._in_title = self._in_text = False
@@ -49,6 +57,10 @@ class Page(HTMLParser):
             self._cell = []
         elif tag == "svg":
             self.svgs += 1
+            if self._charts is not None:
+                self._charts.append([])
+        elif tag == "div" and (attrs.get("id") or "").startswith("distributions-"):
+            self._charts = self.distributions.setdefault(int(attrs["id"].split("-")[1]), [])
         self._in_title = tag == "title"
         self._in_text = tag == "text"
 
@@ -58,6 +70,8 @@ class Page(HTMLParser):
             self._cell = None
         elif tag == "table":
             self._table = None
+        elif tag == "div":
+            self._charts = None
         self._in_title = self._in_text = False
 
     def handle_data(self, data):
@@ -67,6 +81,8 @@ class Page(HTMLParser):
             self.title += data
         if self._in_text:
             self.svg_text.append(data)
+            if self._charts:
+                self._charts[-1].append(data)
 
 
 def _number(cell: str) -> float | None:
@@ -137,9 +153,50 @@ def test_the_comparison_table_is_raylm_compares_and_is_charted(runs, page):
         for cell, number in zip(shown[key][:-1], numbers[:-1]):  # to 4 places
             assert _number(cell) == (None if number is None else pytest.approx(number, abs=5e-5)), (key, cell)
         assert _number(shown[key][-1]) == pytest.approx(d["p_value"], rel=5e-3), key  # 3 significant digits
-    assert parsed.svgs == 2  # the comparison's chart and the runs' metrics chart
+    assert parsed.svgs == 2 + 2 * MULTIPLE_CHOICE  # the comparison's, the runs' metrics and the distributions
     assert set(pair["tasks"]) <= set(parsed.svg_text)  # every compared task and group charted
     assert "b − a in acc, with its 95% interval" in parsed.svg_text
+
+
+def _direct_scores(run, task: str, logged: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(correct, other) scores computed here from the samples: a native task's per-request Parquet (loglikelihood
+    per character), an lm-eval task's samples as lm-eval logged them (each choice's loglikelihood)."""
+    if not logged:
+        t = pq.read_table(run / "samples" / f"{task}.parquet").to_pydict()
+        score = np.array(t["loglikelihood"]) / np.array(t["norm_len"])
+        correct = np.array(t["req_idx"]) == np.array(t["gold"])
+        return score[correct], score[~correct]
+    lls = [([r[0][0] for r in s["resps"]], int(s["target"])) for s in logged if s["filter"] == "none"]
+    return (np.array([ll[gold] for ll, gold in lls]),
+            np.array([x for ll, gold in lls for k, x in enumerate(ll) if k != gold]))
+
+
+def test_a_score_distribution_per_multiple_choice_task_per_run_drawn_from_its_samples(runs, page):
+    """Each run's charts are its multiple-choice tasks', named by task, counting the samples' documents and other
+    choices; the scores drawn are the samples' (native Parquet, raylm's Parquet of lm-eval's samples, lm-eval's
+    jsonl), computed here without raylm."""
+    a, b, theirs_a, theirs_b = runs
+    parsed = Page(page)
+    assert set(parsed.distributions) == {0, 1}
+    for i, (run, theirs) in enumerate(((a, theirs_a), (b, theirs_b))):
+        configs = json.loads((run / "results.json").read_text())["configs"]
+        expected = {t for t, c in configs.items() if c["output_type"] == "multiple_choice"}
+        assert len(expected) == MULTIPLE_CHOICE and "hellaswag" in expected and "wikitext" not in expected
+        charts = {next(t for t in texts if t in expected): texts for texts in parsed.distributions[i]}
+        assert set(charts) == expected and len(parsed.distributions[i]) == MULTIPLE_CHOICE
+        for task in expected:
+            correct, other = _direct_scores(run, task, theirs["samples"].get(task, []))
+            assert len(correct) == (6 if task != "hellaswag" else 4) and len(other) == 3 * len(correct)
+            assert f"{len(correct)} correct, {len(other)} other" in charts[task]
+            files = ([run / "samples" / f"{task}.parquet"] if task == "hellaswag" else
+                     [run / "samples" / f"{task}_docs.parquet", *(run / "samples").glob(f"samples_{task}_*.jsonl")])
+            assert len(files) == (1 if task == "hellaswag" else 2)
+            for path in files:
+                drawn = choice_scores(path)
+                assert drawn.score == (PER_CHARACTER if task == "hellaswag" else SUMMED)
+                assert drawn.score in charts[task]  # the axis says which score
+                np.testing.assert_allclose(np.sort(drawn.correct), np.sort(correct), rtol=1e-12)
+                np.testing.assert_allclose(np.sort(drawn.other), np.sort(other), rtol=1e-12)
 
 
 def test_the_page_loads_nothing_and_escapes_what_results_say(runs, tmp_path):
@@ -195,7 +252,7 @@ def test_headless_chromium_renders_the_page(runs, tmp_path):
     rendered, written = Page(dom.stdout), Page(out.read_text())
     assert rendered.title == written.title and rendered.title.startswith("raylm report: ")
     assert rendered.tables == written.tables and len(rendered.tables["results-0"]) > 10
-    assert rendered.svgs == 2
+    assert rendered.svgs == written.svgs == 2 + 2 * MULTIPLE_CHOICE
     shot = tmp_path / "page.png"
     proc = subprocess.run([*browser, f"--screenshot={shot}", "--window-size=1200,1600", out.as_uri()],
                           capture_output=True, text=True, timeout=120)

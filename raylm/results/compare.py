@@ -118,7 +118,7 @@ def doc_scores(path: Path, reported: Iterable[str] = ("acc", "acc_norm")) -> Doc
     lm-eval's jsonl; `reported`: the metrics results.json reports for a native multiple-choice task (its
     Parquet holds acc_norm for WinoGrande too, which lm-eval's winogrande does not report)."""
     if path.suffix == ".jsonl":
-        return _from_logged(path, _jsonl(path))
+        return _from_logged(path, read_samples_jsonl(path))
     table = pq.read_table(path)
     names = table.column_names
     if "metrics" in names:  # lm-eval's logged samples, as raylm keeps them (raylm.results.lmeval_samples)
@@ -136,7 +136,8 @@ def doc_scores(path: Path, reported: Iterable[str] = ("acc", "acc_norm")) -> Doc
                      {m: table[m].to_numpy().astype(np.float64)[order] for m in metrics})
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
+def read_samples_jsonl(path: Path) -> list[dict[str, Any]]:
+    """lm-eval's samples_<task>_<date>.jsonl, a record per line."""
     out = []
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, 1):

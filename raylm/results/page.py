@@ -1,5 +1,6 @@
-"""Finished runs -> one self-contained HTML page (`raylm report`): each run's results table in lm-eval's columns
-and its config, and for two runs or more the paired comparison of raylm.results.compare, as tables and charts.
+"""Finished runs -> one self-contained HTML page (`raylm report`): each run's results table in lm-eval's columns,
+its multiple-choice tasks' score distributions (correct vs other choices) and its config, and for two runs or more
+the paired comparison of raylm.results.compare, as tables and charts.
 
 The page loads nothing: CSS is inline and the charts are matplotlib's SVG, inline, their text kept as text. Every
 string taken from a results file is escaped (html.escape here, matplotlib's XML writer in the charts).
@@ -17,6 +18,7 @@ from typing import Any
 
 from raylm.errors import RaylmError
 from raylm.results.compare import Run, compare_runs, find_runs
+from raylm.results.distributions import ChoiceScores, choice_scores, draw_choice_scores, holds_choice_scores, score_bins
 from raylm.results.paired import Z95
 from raylm.storage.atomic import write_atomic
 
@@ -28,6 +30,8 @@ CONFIG_KEYS = ("model", "model_commit", "peft", "peft_commit", "dtype", "scored_
 RESULT_COLUMNS = ("Tasks", "Version", "Filter", "n-shot", "Metric", "", "Value", "", "Stderr")  # lm-eval's
 COMPARISON_COLUMNS = ("task", "metric", "n", "a", "b", "b − a", "se", "unpaired se", "95% low", "95% high", "p")
 HIGHER_IS_BETTER = {True: "↑", False: "↓"}  # lm-eval's table's arrows
+# matplotlib's SVG with its text as text, and ids that do not change from one drawing to the next
+SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "raylm", "text.parse_math": False, "font.size": 9}
 
 CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; padding: 0 1em; }
@@ -41,6 +45,7 @@ td.depth1 { padding-left: 1.6em; } td.depth2 { padding-left: 2.8em; } td.depth3 
 .note { color: #666; } .refused { color: #a00; }
 pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }
 svg { max-width: 100%; height: auto; }
+.charts { display: flex; flex-wrap: wrap; gap: 0.5em; }
 """
 
 
@@ -142,6 +147,7 @@ def _run_section(i: int, run: Run) -> str:
              _results_table(f"results-{i}", results, "results")]
     if results.get("groups"):
         parts += ["<h3>Groups</h3>", _results_table(f"groups-{i}", results, "groups")]
+    parts.append(_distributions(i, run))
     config = results.get("config", {})
     shown = [(key, config[key]) for key in CONFIG_KEYS if key in config]
     shown += [(key, results[key]) for key in ("n-shot", "date", "git_hash", "total_evaluation_time_seconds")
@@ -151,6 +157,58 @@ def _run_section(i: int, run: Run) -> str:
               "<details><summary>every config key</summary><pre>"
               f"{_e(json.dumps(config, indent=2, default=str))}</pre></details>"]
     return "\n".join(parts)
+
+
+def _distributions(i: int, run: Run) -> str:
+    """A chart per multiple-choice task with per-choice scores in its samples (raylm.results.distributions), and
+    why a task that has samples has none."""
+    charts, notes = [], []
+    for task, config in run.results.get("configs", {}).items():
+        path = _choice_file(run, task) if config.get("output_type") == "multiple_choice" else None
+        if path is None:
+            continue
+        try:
+            charts.append(_distribution_svg(task, choice_scores(path)))
+        except RaylmError as e:
+            notes.append(str(e))
+    if not charts and not notes:
+        return ""
+    parts = ["<h3>Score distributions</h3>",
+             '<p class="note">Per multiple-choice task, the correct choice\'s score against the other choices\' '
+             "(densities): the further apart, the better the model tells them apart. A native task's score is "
+             "loglikelihood per character (what acc_norm ranks by); an lm-eval task's is the choice's summed "
+             "loglikelihood (what acc ranks by: its samples do not log the length acc_norm divides by).</p>",
+             f'<div class="charts" id="distributions-{i}">' + "".join(charts) + "</div>"]
+    parts += [f'<p class="note">No distribution: {_e(note)}</p>' for note in notes]
+    return "\n".join(parts)
+
+
+def _choice_file(run: Run, task: str) -> Path | None:
+    """The task's samples holding each choice's loglikelihood: lm-eval's, or a native task's per-request Parquet
+    beside its per-document one."""
+    path = run.samples.get(task)
+    if path is None:
+        return None
+    for candidate in (path, path.with_name(f"{task}.parquet")):
+        if candidate.is_file() and holds_choice_scores(candidate):
+            return candidate
+    return None
+
+
+def _distribution_svg(task: str, scores: ChoiceScores) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with matplotlib.rc_context(SVG_RC):
+        fig, ax = plt.subplots(figsize=(4.4, 2.6), layout="constrained")
+        draw_choice_scores(ax, scores, score_bins([scores]))
+        ax.set_title(task, loc="left", fontsize=9)
+        ax.set_title(f"{len(scores.correct)} correct, {len(scores.other)} other", loc="right", fontsize=7)
+        ax.set_xlabel(scores.score, fontsize=8)
+        ax.legend(fontsize=7)
+        return _inline_svg(fig, plt)
 
 
 def _text(value: Any) -> str:
@@ -253,8 +311,7 @@ def _svg(panels: list[Panel]) -> str:
 
     n_series = len(panels[0].series)
     heights = [0.9 + 0.22 * len(p.labels) * max(1.0, n_series / 2) for p in panels]
-    rc = {"svg.fonttype": "none", "svg.hashsalt": "raylm", "text.parse_math": False, "font.size": 9}
-    with matplotlib.rc_context(rc):
+    with matplotlib.rc_context(SVG_RC):
         fig, axes = plt.subplots(len(panels), 1, figsize=(8, sum(heights) + 0.25 * n_series * (n_series > 1)),
                                  height_ratios=heights, layout="constrained", squeeze=False)
         step = 0.7 / n_series
@@ -277,8 +334,13 @@ def _svg(panels: list[Panel]) -> str:
         if n_series > 1:
             legend = {name: handle for ax in axes[:, 0] for handle, name in zip(*ax.get_legend_handles_labels())}
             fig.legend(list(legend.values()), list(legend), loc="outside upper center", fontsize=8)
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", metadata=dict.fromkeys(("Creator", "Date", "Format", "Type")))  # no RDF
-        plt.close(fig)
+        return _inline_svg(fig, plt)
+
+
+def _inline_svg(fig, plt) -> str:
+    """The figure as an <svg> element to put in the page (no XML prolog), drawn under SVG_RC."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata=dict.fromkeys(("Creator", "Date", "Format", "Type")))  # no RDF
+    plt.close(fig)
     svg = buf.getvalue()
     return svg[svg.index("<svg"):]

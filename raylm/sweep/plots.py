@@ -6,15 +6,13 @@ import io
 import math
 
 import numpy as np
-import pyarrow.parquet as pq
 
-from raylm.scoring.predictions import norm_scores
+from raylm.results.distributions import choice_scores, draw_choice_scores, score_bins
 from raylm.storage.atomic import write_atomic
 from raylm.storage.location import Location
 from raylm.sweep.config import Sweep
 from raylm.sweep.summary import Row, headline_metrics
 
-HIST_BINS = 40
 METRICS_PNG = "metrics.png"
 
 
@@ -55,35 +53,24 @@ def plot_metrics(sweep: Sweep, rows: list[Row], path: Location) -> None:
 
 
 def plot_norm_scores(task: str, rows: list[Row], path: Location) -> None:
-    """Per model and point, how loglikelihood per character (what acc_norm ranks by) is distributed for the
-    correct choice versus the others: the further apart, the better the model separates them."""
+    """Per model and point, how the correct choice's score is distributed against the others'
+    (raylm.results.distributions: loglikelihood per character, what acc_norm ranks by, for a native task)."""
     plt = _pyplot()
-    scores = [_norm_scores(row.directory / "samples" / f"{task}.parquet") for row in rows]
-    every = np.concatenate([np.concatenate(s) for s in scores])
-    bins = np.linspace(every.min(), every.max(), HIST_BINS + 1)
+    scores = [choice_scores(row.directory / "samples" / f"{task}.parquet") for row in rows]
+    bins = score_bins(scores)
     cols = min(4, len(rows))
     nrows = math.ceil(len(rows) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3 * nrows), squeeze=False, sharex=True)
-    for ax, row, (correct, incorrect) in zip(axes.flat, rows, scores):
-        ax.hist(incorrect, bins=bins, density=True, alpha=0.6, label="incorrect choices")
-        ax.hist(correct, bins=bins, density=True, alpha=0.6, label="correct choice")
+    for ax, row, row_scores in zip(axes.flat, rows, scores):
+        draw_choice_scores(ax, row_scores, bins)
         ax.set_title(f"{row.model}\n{row.point}", fontsize=8)
     for ax in list(axes.flat)[len(rows):]:
         ax.axis("off")
     axes[0][0].legend(fontsize=7)
-    fig.supxlabel("loglikelihood / choice length in characters")
+    fig.supxlabel(scores[0].score)
     fig.suptitle(task)
     fig.tight_layout()
     _save(fig, plt, path)
-
-
-def _norm_scores(samples: Location) -> tuple[np.ndarray, np.ndarray]:
-    with samples.open_input() as f:
-        table = pq.read_table(f, columns=["req_idx", "gold", "loglikelihood", "norm_len"])
-    score = norm_scores(table)
-    gold = table["req_idx"].to_numpy() == table["gold"].to_numpy()
-    shown = np.isfinite(score)  # an empty choice has no score per character (norm_scores) and no place on an axis
-    return score[gold & shown], score[~gold & shown]
 
 
 def _save(fig, plt, path: Location) -> None:
