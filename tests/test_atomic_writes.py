@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -33,3 +36,18 @@ def test_samples_written_over_are_the_old_file_or_the_new_never_a_part(tmp_path,
     monkeypatch.undo()
     assert pq.read_table(path).select(SCORED.column_names).equals(SCORED)
     assert [p.name for p in path.parent.iterdir()] == ["wikitext.parquet"]  # no partial file left beside it
+
+
+@pytest.mark.parametrize("partial", [None, ".stream.partial"])
+def test_a_written_file_has_the_permissions_the_umask_gives_any_new_file(tmp_path, partial):
+    """Results on a shared disk are read by others (a team's dashboard, the next job's user): an atomic write must
+    not leave them owner-only."""
+    from raylm.storage.atomic import open_atomic
+
+    old = os.umask(0o002)  # a group-shared umask
+    try:
+        with open_atomic(tmp_path / "results.json", partial) as f:
+            f.write(b"{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "results.json").stat().st_mode) == 0o664

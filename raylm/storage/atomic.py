@@ -27,11 +27,14 @@ def _replacing(path: Path, partial: str | None) -> Iterator[BinaryIO]:
     """A file written beside its final name, flushed to disk and renamed into place once the block ends; an error
     in the block removes it and leaves the previous file (or none)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    # Created as any file is (0o666 less the umask), so results are as readable as the user's other files; a
+    # mkstemp file would keep its owner-only 0o600 through the rename.
     if partial is None:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        tmp = str(path.with_name(f".{path.name}.{uuid.uuid4().hex}"))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     else:
         tmp = str(path.with_name(partial))
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
