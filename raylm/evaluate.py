@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from raylm.cluster.checkpoint import Checkpoint, fingerprint, scored_with
+from raylm.cluster.placement import Work
 from raylm.cluster.runtime import (
     ActorHandle,
     LaunchedActors,
@@ -30,6 +31,7 @@ from raylm.cluster.scored import ScoredShard
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
 from raylm.models.identity import pin_revision, scored_commit
+from raylm.models.loading import parameter_count
 from raylm.models.spec import check_model_path
 from raylm.requests.driver import driver_encoder, prompt_format, scored_spec
 from raylm.requests.encoding import Encoder
@@ -37,6 +39,7 @@ from raylm.requests.masked import MaskedEncoder
 from raylm.requests.native import Tables, encode_task_requests
 from raylm.requests.order import restore
 from raylm.requests.shards import LMEVAL_KIND, Shard, make_shards
+from raylm.requests.table import forward_tokens
 from raylm.results.contamination import CleanSets, read_scan
 from raylm.results.decontamination import clean_documents, native_decontaminated
 from raylm.results.metrics import choice_metrics, rolling_metrics
@@ -56,9 +59,9 @@ log = logging.getLogger(__name__)
 
 
 class _RayStarted:
-    """Opened once Ray is up and the actors are asked for. lm-eval's tasks load and build only then: Ray draws
-    from Python's global `random` while it starts (ports, ids), and lm-eval's documented order is to seed that
-    generator and then load, so nothing may draw from it in between."""
+    """Opened once Ray is up. lm-eval's tasks load and build only then: Ray draws from Python's global `random`
+    while it starts (ports, ids), and lm-eval's documented order is to seed that generator and then load, so
+    nothing may draw from it in between."""
 
     def __init__(self, started: bool):
         self._event = threading.Event()
@@ -173,15 +176,19 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
     ray_started = _RayStarted(actors is not None)
     import_actor_code()  # before the tokenising thread starts (see there)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="raylm-tokenise") as tokenising:
-        # Tokenising (and building lm-eval's requests) on a thread while Ray starts and the actors load their
-        # models: on a small machine these fixed costs are most of a short run's wall time, and they do not
-        # depend on each other.
+        # Tokenising (and building lm-eval's requests) on a thread while Ray starts: on a small machine these fixed
+        # costs are much of a short run's wall time, and they do not depend on each other. Actors are asked for
+        # only once the checkpoint says what is left, so that the work sizes them (raylm.cluster.placement.Work)
+        # and a run with nothing left starts none.
         encoded = tokenising.submit(_tokenise, cfg, docs, selection, ray_started)
-        launched = None
+        connected = actors is not None
         try:
-            launched = _launch(cfg) if actors is None else None
+            if not connected:
+                connect(min_cpus=local_cpus_needed(cfg.actors))
+                connected = True
         finally:
-            ray_started.open(failed=actors is None and launched is None)
+            ray_started.open(failed=not connected)
+        launched = None
         try:
             encoder, tables, built, prompt = encoded.result()
             clean, evaluated = clean_documents(cfg, scan, docs, built) if scan is not None else (None, {})
@@ -192,9 +199,11 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
             scored = checkpoint.load(shards) if checkpoint else {}
             resumed = len(scored)
             todo = [s for s in shards if s.index not in scored]
+            if actors is None:
+                launched = _launch(cfg, _work(cfg, encoder, todo))
             report = ScheduleReport([], 0, 0, [])
             if todo:
-                pool = launched.wait_ready() if launched is not None else actors
+                pool = launched.wait_ready(cfg.placement_timeout_s) if launched is not None else actors
                 recipe = launched.recipe if launched is not None else plan_actors(
                     cfg.model, len(actors), cfg.batch_size, cfg.num_gpus, cfg.num_cpus)[0]
                 actors_score_on = loaded_as(pool)
@@ -268,7 +277,15 @@ def _lmeval_results(cfg: EvalConfig, built: Built, tables: Tables, results: dict
     return out
 
 
-def _launch(cfg: EvalConfig) -> LaunchedActors:
-    connect(min_cpus=local_cpus_needed(cfg.actors))
-    recipe, n = plan_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus, cfg.num_cpus)
+def _work(cfg: EvalConfig, encoder: Encoder | MaskedEncoder, todo: list[Shard]) -> Work:
+    """What is left to score, for placement to size the actors by: nothing at all when every shard is in the
+    checkpoint (the model's config is then not even read)."""
+    if not todo:
+        return Work(0, 0, 0)
+    kind = "mlm" if isinstance(encoder, MaskedEncoder) else "causal"
+    return Work(len(todo), sum(forward_tokens(s.table) for s in todo), parameter_count(cfg.model, kind))
+
+
+def _launch(cfg: EvalConfig, work: Work) -> LaunchedActors:
+    recipe, n = plan_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus, cfg.num_cpus, work=work)
     return LaunchedActors(recipe, n)
