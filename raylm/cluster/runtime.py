@@ -202,7 +202,12 @@ def start_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpu
                  num_cpus: float | None = None, placement_wait_s: float | None = None) -> list[ActorHandle]:
     """Start n actors as `plan_actors` sizes them and wait until their models load."""
     recipe, n = plan_actors(spec, n, batch_size, num_gpus, num_cpus)
-    return LaunchedActors(recipe, n).wait_ready(placement_wait_s)
+    launched = LaunchedActors(recipe, n)
+    try:
+        return launched.wait_ready(placement_wait_s)
+    except BaseException:
+        launched.release()  # an actor left waiting for a node would keep asking the autoscaler for one
+        raise
 
 
 def actor_pids(actors: list[ActorHandle]) -> list[int]:
