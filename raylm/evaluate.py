@@ -10,18 +10,22 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 
+from raylm.cluster.capacity import Capacity
 from raylm.cluster.checkpoint import Checkpoint, fingerprint, scored_with
 from raylm.cluster.placement import Work
 from raylm.cluster.runtime import (
     ActorHandle,
+    ActorRecipe,
     LaunchedActors,
+    cluster_capacity,
     connect,
     gcs_address,
     import_actor_code,
+    kill,
     loaded_as,
     local_cpus_needed,
     plan_actors,
@@ -46,6 +50,7 @@ from raylm.results.metrics import choice_metrics, rolling_metrics
 from raylm.results.report import EvalResult, TaskResult, prefix_sharing, run_summary, token_counts
 from raylm.results.sums import merge
 from raylm.storage.lock import output_lock
+from raylm.storage.ownership import CHECKPOINT_DIR
 from raylm.tasks import get_task
 from raylm.tasks.lmeval.selection import select_lmeval
 from raylm.tasks.native import TaskDocs, load_task_docs
@@ -59,9 +64,9 @@ log = logging.getLogger(__name__)
 
 
 class _RayStarted:
-    """Opened once Ray is up. lm-eval's tasks load and build only then: Ray draws from Python's global `random`
-    while it starts (ports, ids), and lm-eval's documented order is to seed that generator and then load, so
-    nothing may draw from it in between."""
+    """Opened once Ray is up and the first actor is asked for. lm-eval's tasks load and build only then: Ray draws
+    from Python's global `random` while it starts (ports, ids), and lm-eval's documented order is to seed that
+    generator and then load, so nothing may draw from it in between."""
 
     def __init__(self, started: bool):
         self._event = threading.Event()
@@ -176,18 +181,19 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
     ray_started = _RayStarted(actors is not None)
     import_actor_code()  # before the tokenising thread starts (see there)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="raylm-tokenise") as tokenising:
-        # Tokenising (and building lm-eval's requests) on a thread while Ray starts: on a small machine these fixed
-        # costs are much of a short run's wall time, and they do not depend on each other. Actors are asked for
-        # only once the checkpoint says what is left, so that the work sizes them (raylm.cluster.placement.Work)
-        # and a run with nothing left starts none.
+        # Tokenising (and building lm-eval's requests) on a thread while Ray starts and the first actor loads its
+        # model: on a small machine these fixed costs are much of a short run's wall time, and they do not depend
+        # on each other. The other actors are asked for once the checkpoint says what is left, so that the work
+        # sizes them (raylm.cluster.placement.Work) and a run with nothing left starts none.
         encoded = tokenising.submit(_tokenise, cfg, docs, selection, ray_started)
-        connected = actors is not None
+        started, first = actors is not None, None
         try:
-            if not connected:
+            if not started:
                 connect(min_cpus=local_cpus_needed(cfg.actors))
-                connected = True
+                first = _first_actor(cfg)
+                started = True
         finally:
-            ray_started.open(failed=not connected)
+            ray_started.open(failed=not started)
         launched = None
         try:
             encoder, tables, built, prompt = encoded.result()
@@ -200,7 +206,7 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
             resumed = len(scored)
             todo = [s for s in shards if s.index not in scored]
             if actors is None:
-                launched = _launch(cfg, _work(cfg, encoder, todo))
+                launched, first = _launch(cfg, _work(cfg, encoder, todo), first), None
             report = ScheduleReport([], 0, 0, [])
             if todo:
                 pool = launched.wait_ready(cfg.placement_timeout_s) if launched is not None else actors
@@ -225,6 +231,8 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
         finally:
             if launched is not None:
                 launched.release()
+            if first is not None:
+                kill([first.actor])
     results = {}
     for name, (kind, requests) in tables.items():
         mine = [scored[s.index] for s in shards if s.task == name]
@@ -286,6 +294,34 @@ def _work(cfg: EvalConfig, encoder: Encoder | MaskedEncoder, todo: list[Shard]) 
     return Work(len(todo), sum(forward_tokens(s.table) for s in todo), parameter_count(cfg.model, kind))
 
 
-def _launch(cfg: EvalConfig, work: Work) -> LaunchedActors:
-    recipe, n = plan_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus, cfg.num_cpus, work=work)
-    return LaunchedActors(recipe, n)
+class _FirstActor(NamedTuple):
+    """The actor asked for before the work is known, and the cluster as it was then."""
+
+    capacity: Capacity
+    recipe: ActorRecipe
+    actor: ActorHandle
+
+
+def _first_actor(cfg: EvalConfig) -> _FirstActor | None:
+    """One actor asked for before the work is known, where there surely is work (no checkpoint to resume from):
+    its node starting and its model loading then overlap the tokenising. None where a checkpoint may hold every
+    shard."""
+    if cfg.output is not None and not cfg.overwrite and (cfg.output / CHECKPOINT_DIR).exists():
+        return None
+    capacity = cluster_capacity()
+    recipe, _ = plan_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus, cfg.num_cpus, capacity=capacity)
+    return _FirstActor(capacity, recipe, recipe.start())
+
+
+def _launch(cfg: EvalConfig, work: Work, first: _FirstActor | None) -> LaunchedActors:
+    """The actors the work needs, the first one among them where it was asked for already and is the same. The
+    count is planned from the cluster as the first actor found it, not as that actor's own node has changed it."""
+    recipe, n = plan_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus, cfg.num_cpus, work=work,
+                            capacity=first.capacity if first is not None else None)
+    started = []
+    if first is not None:
+        if first.recipe.starts_like(recipe):
+            started.append(first.actor)
+        else:
+            kill([first.actor])
+    return LaunchedActors(recipe, n, started)

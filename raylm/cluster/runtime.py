@@ -121,6 +121,10 @@ class ActorRecipe:
     reason: str = ""  # the placement's log line
     awaits_nodes: bool = False  # some actors fit only on nodes the autoscaler has yet to add
 
+    def starts_like(self, other: ActorRecipe) -> bool:
+        """Whether an actor started from this recipe is one `other` would start (their placement lines aside)."""
+        return replace(self, reason="", awaits_nodes=False) == replace(other, reason="", awaits_nodes=False)
+
     def start(self) -> ActorHandle:
         """Ask Ray for a new actor; it is ready (model loaded) when its `ready()` returns."""
         from raylm.cluster.actors import RemoteScoringActor
@@ -130,13 +134,14 @@ class ActorRecipe:
 
 
 def plan_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus: float | None = None,
-                num_cpus: float | None = None, reserve_cpus: float = 0.0, work: Work | None = None
-                ) -> tuple[ActorRecipe, int]:
-    """The per-actor recipe and actor count for this cluster, by raylm.cluster.placement's rule; `num_cpus`
-    overrides the CPUs per actor (a sweep's models share a machine instead of each claiming all of it),
-    `reserve_cpus` is kept free of CPU actors for other work (Ray Data's read tasks), and `work` (what is left to
-    score, where known) bounds the default count: none at all when nothing is left."""
-    placement = plan(Ask(spec.device, num_gpus, num_cpus, n, reserve_cpus, work), cluster_capacity())
+                num_cpus: float | None = None, reserve_cpus: float = 0.0, work: Work | None = None,
+                capacity: Capacity | None = None) -> tuple[ActorRecipe, int]:
+    """The per-actor recipe and actor count for this cluster (or `capacity`, as it was read before), by
+    raylm.cluster.placement's rule; `num_cpus` overrides the CPUs per actor (a sweep's models share a machine
+    instead of each claiming all of it), `reserve_cpus` is kept free of CPU actors for other work (Ray Data's read
+    tasks), and `work` (what is left to score, where known) bounds the default count: none when nothing is left."""
+    capacity = capacity if capacity is not None else cluster_capacity()
+    placement = plan(Ask(spec.device, num_gpus, num_cpus, n, reserve_cpus, work), capacity)
     recipe = ActorRecipe(replace(spec, device=placement.device), batch_size, placement.num_cpus, placement.num_gpus,
                          placement.threads, placement.reason, placement.awaits_nodes)
     return recipe, placement.actors
@@ -145,11 +150,14 @@ def plan_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus
 class LaunchedActors:
     """Actors asked of Ray but maybe still loading their models, so the driver can do its own work meanwhile."""
 
-    def __init__(self, recipe: ActorRecipe, n: int):
+    def __init__(self, recipe: ActorRecipe, n: int, started: list[ActorHandle] | None = None):
+        """n actors of `recipe`: those `started` already from it (up to n; the others are stopped), and new ones."""
         self.recipe = recipe
         if recipe.reason:
             log.info("placement: %s", recipe.reason)
-        self.actors = [recipe.start() for _ in range(n)]
+        started = started or []
+        kill(started[n:])
+        self.actors = started[:n] + [recipe.start() for _ in range(n - len(started[:n]))]
 
     def wait_ready(self, placement_wait_s: float | None = None) -> list[ActorHandle]:
         """The actors, once every one has loaded its model. The list is this object's own: the scheduler swaps dead
