@@ -25,7 +25,6 @@ from raylm.cluster.runtime import (
     connect,
     gcs_address,
     import_actor_code,
-    kill,
     loaded_as,
     local_cpus_needed,
     plan_actors,
@@ -232,7 +231,7 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
             if launched is not None:
                 launched.release()
             if first is not None:
-                kill([first.actor])
+                first.launched.release()
     results = {}
     for name, (kind, requests) in tables.items():
         mine = [scored[s.index] for s in shards if s.task == name]
@@ -299,7 +298,7 @@ class _FirstActor(NamedTuple):
 
     capacity: Capacity
     recipe: ActorRecipe
-    actor: ActorHandle
+    launched: LaunchedActors
 
 
 def _first_actor(cfg: EvalConfig) -> _FirstActor | None:
@@ -310,7 +309,8 @@ def _first_actor(cfg: EvalConfig) -> _FirstActor | None:
         return None
     capacity = cluster_capacity()
     recipe, _ = plan_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus, cfg.num_cpus, capacity=capacity)
-    return _FirstActor(capacity, recipe, recipe.start())
+    # No placement line yet: the one that counts comes with the work estimate (_launch).
+    return _FirstActor(capacity, recipe, LaunchedActors(replace(recipe, reason=""), 1))
 
 
 def _launch(cfg: EvalConfig, work: Work, first: _FirstActor | None) -> LaunchedActors:
@@ -321,7 +321,7 @@ def _launch(cfg: EvalConfig, work: Work, first: _FirstActor | None) -> LaunchedA
     started = []
     if first is not None:
         if first.recipe.starts_like(recipe):
-            started.append(first.actor)
+            started = first.launched.actors
         else:
-            kill([first.actor])
+            first.launched.release()
     return LaunchedActors(recipe, n, started)
