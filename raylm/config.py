@@ -47,6 +47,8 @@ class EvalConfig:
     overwrite: bool = False  # discard results a different run left in `output`
     num_gpus: float | None = None
     num_cpus: float | None = None  # CPUs per actor, replacements included (default: the node's CPUs shared out)
+    # Seconds actors no node can hold yet are waited for (--placement-timeout; None: raylm.cluster.runtime's default)
+    placement_timeout_s: float | None = None
     include_path: Path | None = None  # lm-eval's --include_path: a directory of the user's own task YAMLs
     bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS
     random_seed: int | None = DEFAULT_RANDOM_SEED  # lm-eval's seeding of Python's, numpy's and torch's generators

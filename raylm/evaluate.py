@@ -10,14 +10,18 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 
+from raylm.cluster.capacity import Capacity
 from raylm.cluster.checkpoint import Checkpoint, fingerprint, scored_with
+from raylm.cluster.placement import Work
 from raylm.cluster.runtime import (
     ActorHandle,
+    ActorRecipe,
     LaunchedActors,
+    cluster_capacity,
     connect,
     gcs_address,
     import_actor_code,
@@ -30,6 +34,7 @@ from raylm.cluster.scored import ScoredShard
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
 from raylm.models.identity import pin_revision, scored_commit
+from raylm.models.loading import parameter_count
 from raylm.models.spec import check_model_path
 from raylm.requests.driver import driver_encoder, prompt_format, scored_spec
 from raylm.requests.encoding import Encoder
@@ -37,12 +42,15 @@ from raylm.requests.masked import MaskedEncoder
 from raylm.requests.native import Tables, encode_task_requests
 from raylm.requests.order import restore
 from raylm.requests.shards import LMEVAL_KIND, Shard, make_shards
+from raylm.requests.table import forward_tokens
 from raylm.results.contamination import CleanSets, read_scan
 from raylm.results.decontamination import clean_documents, native_decontaminated
 from raylm.results.metrics import choice_metrics, rolling_metrics
 from raylm.results.report import EvalResult, TaskResult, prefix_sharing, run_summary, token_counts
 from raylm.results.sums import merge
+from raylm.storage.location import location
 from raylm.storage.lock import output_lock
+from raylm.storage.ownership import CHECKPOINT_DIR
 from raylm.tasks import get_task
 from raylm.tasks.lmeval.selection import select_lmeval
 from raylm.tasks.native import TaskDocs, load_task_docs
@@ -56,7 +64,7 @@ log = logging.getLogger(__name__)
 
 
 class _RayStarted:
-    """Opened once Ray is up and the actors are asked for. lm-eval's tasks load and build only then: Ray draws
+    """Opened once Ray is up and the first actor is asked for. lm-eval's tasks load and build only then: Ray draws
     from Python's global `random` while it starts (ports, ids), and lm-eval's documented order is to seed that
     generator and then load, so nothing may draw from it in between."""
 
@@ -173,15 +181,20 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
     ray_started = _RayStarted(actors is not None)
     import_actor_code()  # before the tokenising thread starts (see there)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="raylm-tokenise") as tokenising:
-        # Tokenising (and building lm-eval's requests) on a thread while Ray starts and the actors load their
-        # models: on a small machine these fixed costs are most of a short run's wall time, and they do not
-        # depend on each other.
+        # Tokenising (and building lm-eval's requests) on a thread while Ray starts and the first actor loads its
+        # model: on a small machine these fixed costs are much of a short run's wall time, and they do not depend
+        # on each other. The other actors are asked for once the checkpoint says what is left, so that the work
+        # sizes them (raylm.cluster.placement.Work) and a run with nothing left starts none.
         encoded = tokenising.submit(_tokenise, cfg, docs, selection, ray_started)
-        launched = None
+        started, first = actors is not None, None
         try:
-            launched = _launch(cfg) if actors is None else None
+            if not started:
+                connect(min_cpus=local_cpus_needed(cfg.actors))
+                first = _first_actor(cfg)
+                started = True
         finally:
-            ray_started.open(failed=actors is None and launched is None)
+            ray_started.open(failed=not started)
+        launched = None
         try:
             encoder, tables, built, prompt = encoded.result()
             clean, evaluated = clean_documents(cfg, scan, docs, built) if scan is not None else (None, {})
@@ -192,9 +205,11 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
             scored = checkpoint.load(shards) if checkpoint else {}
             resumed = len(scored)
             todo = [s for s in shards if s.index not in scored]
+            if actors is None:
+                launched, first = _launch(cfg, _work(cfg, encoder, todo), first), None
             report = ScheduleReport([], 0, 0, [])
             if todo:
-                pool = launched.wait_ready() if launched is not None else actors
+                pool = launched.wait_ready(cfg.placement_timeout_s) if launched is not None else actors
                 recipe = launched.recipe if launched is not None else plan_actors(
                     cfg.model, len(actors), cfg.batch_size, cfg.num_gpus, cfg.num_cpus)[0]
                 actors_score_on = loaded_as(pool)
@@ -216,6 +231,8 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
         finally:
             if launched is not None:
                 launched.release()
+            if first is not None:
+                first.launched.release()
     results = {}
     for name, (kind, requests) in tables.items():
         mine = [scored[s.index] for s in shards if s.task == name]
@@ -268,7 +285,44 @@ def _lmeval_results(cfg: EvalConfig, built: Built, tables: Tables, results: dict
     return out
 
 
-def _launch(cfg: EvalConfig) -> LaunchedActors:
-    connect(min_cpus=local_cpus_needed(cfg.actors))
-    recipe, n = plan_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus, cfg.num_cpus)
-    return LaunchedActors(recipe, n)
+def _work(cfg: EvalConfig, encoder: Encoder | MaskedEncoder, todo: list[Shard]) -> Work:
+    """What is left to score, for placement to size the actors by: nothing at all when every shard is in the
+    checkpoint (the model's config is then not even read)."""
+    if not todo:
+        return Work(0, 0, 0)
+    kind = "mlm" if isinstance(encoder, MaskedEncoder) else "causal"
+    return Work(len(todo), sum(forward_tokens(s.table) for s in todo), parameter_count(cfg.model, kind))
+
+
+class _FirstActor(NamedTuple):
+    """The actor asked for before the work is known, and the cluster as it was then."""
+
+    capacity: Capacity
+    recipe: ActorRecipe
+    launched: LaunchedActors
+
+
+def _first_actor(cfg: EvalConfig) -> _FirstActor | None:
+    """One actor asked for before the work is known, where there surely is work (no checkpoint to resume from):
+    its node starting and its model loading then overlap the tokenising. None where a checkpoint may hold every
+    shard."""
+    if cfg.output is not None and not cfg.overwrite and (location(cfg.output) / CHECKPOINT_DIR).exists():
+        return None
+    capacity = cluster_capacity()
+    recipe, _ = plan_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus, cfg.num_cpus, capacity=capacity)
+    # No placement line yet: the one that counts comes with the work estimate (_launch).
+    return _FirstActor(capacity, recipe, LaunchedActors(replace(recipe, reason=""), 1))
+
+
+def _launch(cfg: EvalConfig, work: Work, first: _FirstActor | None) -> LaunchedActors:
+    """The actors the work needs, the first one among them where it was asked for already and is the same. The
+    count is planned from the cluster as the first actor found it, not as that actor's own node has changed it."""
+    recipe, n = plan_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus, cfg.num_cpus, work=work,
+                            capacity=first.capacity if first is not None else None)
+    started = []
+    if first is not None:
+        if first.recipe.starts_like(recipe):
+            started = first.launched.actors
+        else:
+            first.launched.release()
+    return LaunchedActors(recipe, n, started)

@@ -1,5 +1,7 @@
 """CLUSTER TEST (~60 s): `ray job submit -- raylm eval` on Ray's own fake autoscaler, shaped like cluster.yaml: a
-head with no CPU for actors and no GPU, and GPU workers the autoscaler adds from zero (min_workers: 0).
+head with no CPU for actors and no GPU, and GPU workers the autoscaler adds from zero (min_workers: 0). The small
+demo run asks for the one GPU actor its work needs (the autoscaler adds one node of the two it could), and the same
+command on its finished output starts no actor and adds no node.
 
 The head runs `RAY_FAKE_CLUSTER=1 ray start --head --autoscaling-config=...` (the v1 autoscaler `ray up` runs) on
 its own ports and --temp-dir, in its own process group, which is killed afterwards (never `ray stop`, never
@@ -25,10 +27,12 @@ from test_job_submit import (REPO, alive_nodes, assert_equals_local_run, demo_ar
 
 pytestmark = pytest.mark.cluster
 
-GPU_WORKERS = 2
-PLACEMENT_LINE = (f"placement: {GPU_WORKERS} actors x 1 GPU (0.5 CPU each): one per GPU the cluster can grow to "
-                  f"({GPU_WORKERS}); --device auto: no GPU up yet; the autoscaler may add gpu_worker nodes "
-                  f"(from {NODE_TYPES_ENV})")
+GPU_WORKERS = 2  # what the cluster can grow to
+PLACEMENT_LINE = ("placement: 1 actor x 1 GPU (0.5 CPU each): what the work needs (54,988 tokens left in 3 shards x "
+                  "260K parameters ~ <0.1 actor-minutes at 40 TFLOP/s per GPU actor, 10 min each), fewer than one "
+                  f"per GPU the cluster can grow to ({GPU_WORKERS}); --device auto: no GPU up yet; the autoscaler may "
+                  f"add gpu_worker nodes (from {NODE_TYPES_ENV})")
+FINISHED_LINE = "placement: no actor: nothing left to score (every shard is in the checkpoint)"
 
 
 def fake_cluster_config(gcs_address: str) -> dict:
@@ -63,7 +67,7 @@ def scoring_actors(address: str) -> list[dict]:
     return [a for a in actors if a["class_name"] == "ScoringActor"]
 
 
-def test_raylm_eval_asks_for_gpu_actors_and_the_autoscaler_adds_their_nodes(tmp_path):
+def test_raylm_eval_asks_for_the_gpu_actors_its_work_needs_and_the_autoscaler_adds_their_nodes(tmp_path):
     temp_dir = short_temp_dir()
     ports = head_ports()
     config = temp_dir / "autoscaling.yaml"
@@ -71,19 +75,25 @@ def test_raylm_eval_asks_for_gpu_actors_and_the_autoscaler_adds_their_nodes(tmp_
     env = {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1", NODE_TYPES_ENV: str(config),
            "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID}  # the id the fake provider knows the head by
     out = tmp_path / "out"
+    job_env = ["--runtime-env-json", json.dumps({"env_vars": {FAKE_GPUS_ENV: "1"}})]
     try:
         with ray_head(temp_dir, num_cpus=0, ports=ports, extra_args=(f"--autoscaling-config={config}",),
                       env_extra=env) as (address, _):
             # No --working-dir: the fake nodes share the head's session directory, where each would unpack it
             # again (see test_job_submit); every node runs this checkout's installed raylm.
-            log = submit(address, ["--runtime-env-json", json.dumps({"env_vars": {FAKE_GPUS_ENV: "1"}})],
-                         demo_args(out))
+            log = submit(address, job_env, demo_args(out))
             nodes, actors = alive_nodes(address), scoring_actors(address)
+            # The same command on its finished output (a rerun to add --decontaminate, say).
+            rerun_log = submit(address, job_env, demo_args(out))
+            nodes_after, actors_after = alive_nodes(address), scoring_actors(address)
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
     assert PLACEMENT_LINE in log, log[-3000:]
     assert PLACEMENT_LINE in (REPO / "docs" / "cluster.md").read_text()  # the docs quote this run
-    assert nodes == 1 + GPU_WORKERS
-    assert [a["required_resources"] for a in actors] == [{"CPU": 0.5, "GPU": 1.0}] * GPU_WORKERS
+    assert nodes == 2  # the head and the one GPU node the actor needs, of the GPU_WORKERS it could have had
+    assert [a["required_resources"] for a in actors] == [{"CPU": 0.5, "GPU": 1.0}]
     assert f"{FAKE_GPUS_ENV}=1: computing on CPU although Ray gave this actor GPU(s)" in log
+    assert FINISHED_LINE in rerun_log, rerun_log[-3000:]
+    assert FINISHED_LINE in (REPO / "docs" / "cluster.md").read_text()
+    assert (nodes_after, len(actors_after)) == (nodes, len(actors))  # no actor started, no node added
     assert_equals_local_run(json.loads((out / "results.json").read_text()))

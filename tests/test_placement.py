@@ -1,10 +1,11 @@
 """Placement without a cluster: what the cluster has and can become (live nodes, the node types an autoscaler may
-add) -> how many actors asking for what, with the line that says why; and an actor no node can hold stopping the
-run with one line."""
+add) and what work is left -> how many actors asking for what, with the line that says why; an actor no node can
+hold stopping the run with one line; and a rerun with nothing left to score starting no actor."""
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 
@@ -17,9 +18,14 @@ from raylm.cluster.actors import ScoringActor
 from raylm.cluster.capacity import (HEAD_RESOURCE, UNBOUNDED, Capacity, NodeType, actors_that_fit, capacity_of,
                                     parse_node_types)
 from raylm.cluster.devices import FAKE_GPUS_ENV, device_here, fake_gpus
-from raylm.cluster.placement import DEFAULT_MAX_ACTORS, Ask, plan, whole_cpu_share
+from raylm.cluster.placement import (DEFAULT_MAX_ACTORS, FLOPS_PER_PARAMETER_TOKEN, GPU_ACTOR_FLOPS,
+                                     TARGET_ACTOR_MINUTES, Ask, Work, plan, whole_cpu_share)
 from raylm.cluster.runtime import ActorRecipe, LaunchedActors, plan_actors
+from raylm.config import EvalConfig
+from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.errors import RaylmError
+from raylm.evaluate import evaluate
+from raylm.models.loading import parameter_count
 from raylm.models.spec import ModelSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -233,3 +239,90 @@ def test_an_actor_no_node_can_hold_stops_the_run_with_one_line(ray_session, tiny
     assert message.startswith("cannot place 1 of 1 scoring actor(s) asking for 3 CPU and 0 GPU each: the cluster's "
                               "nodes (2 CPU/0 GPU) hold 0 at once; waited 1 s")
     assert "\n" not in message
+
+
+def gpu_minutes_of_tokens(minutes: float, parameters: int) -> int:
+    """The tokens one GPU actor scores in `minutes` by the estimate's own constants."""
+    return int(minutes * 60 * GPU_ACTOR_FLOPS / (FLOPS_PER_PARAMETER_TOKEN * parameters))
+
+
+def test_the_work_estimate_is_tokens_times_parameters_over_an_actors_throughput():
+    seven_b = 7_000_000_000
+    hour = Work(1000, gpu_minutes_of_tokens(60, seven_b), seven_b)
+    assert hour.actor_minutes("cuda") == pytest.approx(60)
+    assert hour.actors_needed("cuda") == 6  # at TARGET_ACTOR_MINUTES each
+    assert TARGET_ACTOR_MINUTES == 10
+    assert Work(1000, gpu_minutes_of_tokens(3, seven_b), seven_b).actors_needed("cuda") == 1  # a few minutes: one
+    assert Work(2, gpu_minutes_of_tokens(60, seven_b), seven_b).actors_needed("cuda") == 2  # never more than shards
+    assert Work(0, 0, seven_b).actors_needed("cuda") == 0
+    # A CPU actor's throughput grows with its threads.
+    small = Work(1000, 1_000_000, 124_000_000)
+    assert small.actor_minutes("cpu", 4) == pytest.approx(small.actor_minutes("cpu", 1) / 4)
+    assert small.actors_needed("cpu", 1) > small.actors_needed("cpu", 4) >= 1
+
+
+def test_the_default_count_is_the_smaller_of_what_the_cluster_can_grow_to_and_what_the_work_needs():
+    """The issue's fake-autoscaler run: `--demo --limit 2` on a cluster that can grow to 4 GPU nodes asked for 4
+    GPU actors; its work needs one."""
+    grows_to_4 = Capacity((HEAD0,), (gpu_worker(4),), "RAYLM_NODE_TYPES", 4)
+    demo = Work(3, 17_888, 260_032)
+    p = plan(Ask(work=demo), grows_to_4)
+    assert (p.actors, p.num_gpus, p.awaits_nodes) == (1, 1.0, True)
+    assert p.reason.startswith("1 actor x 1 GPU (0.5 CPU each): what the work needs (17,888 tokens left in 3 shards "
+                               "x 260K parameters ~ <0.1 actor-minutes at 40 TFLOP/s per GPU actor, 10 min each), "
+                               "fewer than one per GPU the cluster can grow to (4)")
+    big = Work(1000, gpu_minutes_of_tokens(120, 7_000_000_000), 7_000_000_000)  # 12 actors' worth
+    p = plan(Ask(work=big), grows_to_4)
+    assert p.actors == 4 and p.reason.startswith("4 actors x 1 GPU (0.5 CPU each): one per GPU the cluster can grow "
+                                                 "to (4), no more than the work needs (12: ")
+    assert plan(Ask(work=big), Capacity((HEAD0,), (gpu_worker(100),), "x")).actors == 12
+    # --actors still wins, and the line says what the work needed.
+    p = plan(Ask(actors=3, work=demo), grows_to_4)
+    assert p.actors == 3 and "--actors 3 (the work needs 1: 17,888 tokens left" in p.reason
+    # Work that is not known up front (a streamed corpus) keeps the cluster's count.
+    assert plan(Ask(), grows_to_4).actors == 4
+    # One CPU actor by default whatever the work; the line says when more would help.
+    laptop = Capacity(({"CPU": 2.0, HEAD_RESOURCE: 1.0},), (), "here")
+    assert plan(Ask(work=big), laptop).actors == 1
+    assert "one CPU actor by default (--actors for more)" in plan(Ask(work=big), laptop).reason
+
+
+def test_no_work_left_means_no_actor_whatever_is_asked():
+    nothing = Work(0, 0, 0)
+    for ask in (Ask(work=nothing), Ask(actors=4, work=nothing), Ask(device="cuda", work=nothing)):
+        p = plan(ask, Capacity((HEAD0,), (gpu_worker(4),), "x", 4))
+        assert (p.actors, p.awaits_nodes) == (0, False)
+        assert p.reason.startswith("no actor: nothing left to score (every shard is in the checkpoint)")
+    # Not even on a cluster where an actor could not be placed at all.
+    assert plan(Ask(work=nothing), Capacity((HEAD0,), None, "")).actors == 0
+    with pytest.raises(RaylmError, match="--actors must be at least 1"):  # bad flags are still refused
+        plan(Ask(actors=0, work=nothing), Capacity((HEAD0,), None, ""))
+
+
+def test_the_parameter_count_comes_from_the_config_alone(tiny_llama):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    assert parameter_count(ModelSpec(str(tiny_llama)), "causal") == sum(p.numel() for p in model.parameters())
+
+
+def test_a_rerun_with_nothing_left_to_score_starts_no_actor(ray_session, tmp_path, monkeypatch, caplog):
+    """The issue's rerun to add --decontaminate: every shard is in the checkpoint, so the checkpoint is read before
+    any actor is asked for, and none is."""
+    started = []
+    real_start = ActorRecipe.start
+    monkeypatch.setattr(ActorRecipe, "start", lambda recipe: started.append(recipe) or real_start(recipe))
+    cfg = EvalConfig(ModelSpec(str(DEMO_MODEL), "float32", "cpu"), ("winogrande",), DEMO_DATA, limit=2,
+                     shard_requests=2, progress=False, output=tmp_path)
+    with caplog.at_level(logging.INFO, logger="raylm.cluster.runtime"):
+        first = evaluate(cfg)
+        assert len(started) == 1 and first.extra["shards_resumed"] == 0
+        first_log = caplog.text
+        caplog.clear()
+        rerun = evaluate(cfg)
+    assert len(started) == 1, "the rerun asked Ray for an actor"
+    assert rerun.extra["shards_resumed"] == rerun.extra["shards"] == first.extra["shards"]
+    assert rerun.tasks["winogrande"].sums == first.tasks["winogrande"].sums
+    assert "placement: 1 actor x 2 CPU (2 torch threads each), sized to the nodes up now; the work needs 1 (" \
+        in first_log
+    assert "placement: no actor: nothing left to score (every shard is in the checkpoint)" in caplog.text

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from raylm.cli.options import add_model_options, add_output_option, add_scorer_options, model_spec
+from raylm.cli.options import (add_model_options, add_output_option, add_placement_timeout, add_scorer_options,
+                               model_spec)
 from raylm.corpus import SCORING_DOCS_PER_BATCH
 from raylm.corpus.read import FORMATS as CORPUS_FORMATS
 from raylm.models.spec import PLL_VARIANTS
@@ -28,6 +29,8 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--stride", type=int, help="new tokens scored per window (default: max length, disjoint)")
         p.add_argument("--actors", type=int, help="model actors (default: one per GPU the cluster has or can grow "
                        "to, up to 16; else one on CPU)")
+        add_placement_timeout(p, "how long the model actors may take to start, placed and loaded (Ray Data's "
+                                 "wait_for_min_actors_s); default: as long as it takes")
         p.add_argument("--limit-docs", type=int, help="first N documents only")
         p.add_argument("--docs-per-batch", type=int, default=SCORING_DOCS_PER_BATCH)
         add_model_options(p)
@@ -46,7 +49,7 @@ def run_corpus_command(args: argparse.Namespace) -> int:
                       pll=getattr(args, "pll", PLL_VARIANTS[0]))
     cfg = CorpusConfig(spec, args.data, spec_b, args.fmt, args.text_column,
                        args.max_length, args.stride, args.actors, args.limit_docs, args.docs_per_batch,
-                       not args.no_progress)
+                       not args.no_progress, args.placement_timeout)
     cfg.validate()
     out = prepare_output(args.output)
     result = run_corpus(cfg, out)

@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 
 from raylm.cli.lmeval import PairsAction, parse_pairs, read_samples
-from raylm.cli.options import add_model_options, add_output_option, add_scorer_options, model_spec, task_names
+from raylm.cli.options import (add_model_options, add_output_option, add_placement_timeout, add_scorer_options,
+                                 model_spec, task_names)
 from raylm.config import (DEFAULT_BOOTSTRAP_ITERS, DEFAULT_FEWSHOT_SEED, DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED,
                           EvalConfig, parse_batch_size)
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
@@ -98,7 +99,9 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
                     help="bootstrap draws for the stderr of lm-eval metrics that need them (0: no stderr)")
     ev.add_argument("--batch-size", type=_batch_size, default=None, help="'auto' (token budget) or N requests")
     ev.add_argument("--actors", type=int, help="scoring actors (default: one per GPU the cluster has or can grow "
-                    "to, up to 16; else one on CPU; see docs/cluster.md)")
+                    "to, up to 16, and no more than the work left needs; else one on CPU; none when nothing is left "
+                    "to score; see docs/cluster.md)")
+    add_placement_timeout(ev)
     add_model_options(ev)
     ev.add_argument("--data-dir", type=Path, help="a folder with the native tasks' files, laid out as in "
                     "docs/task-options.md (default: the hub)")
@@ -151,7 +154,8 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
                       decontaminate=args.decontaminate, samples=args.samples,
                       metadata=parse_pairs(args.metadata, "--metadata") if args.metadata else None,
                       apply_chat_template=args.apply_chat_template, fewshot_as_multiturn=args.fewshot_as_multiturn,
-                      system_instruction=args.system_instruction, chat_template_args=chat_args)
+                      system_instruction=args.system_instruction, chat_template_args=chat_args,
+                      placement_timeout_s=args.placement_timeout)
 
 
 def run_eval(args: argparse.Namespace) -> int:

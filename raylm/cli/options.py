@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from raylm.cluster.runtime import PLACEMENT_WAIT_S
 from raylm.models.spec import DTYPES, PLL_VARIANTS, SCORERS, ModelSpec
 
 
@@ -33,6 +34,25 @@ def add_scorer_options(parser: argparse.ArgumentParser) -> None:
                         help="causal LM or masked LM (pseudo-log-likelihood); auto: from the model's config")
     parser.add_argument("--pll", default=PLL_VARIANTS[0], choices=list(PLL_VARIANTS),
                         help="a masked LM's PLL: original (Salazar et al.) or word-l2r (Kauf & Ivanova)")
+
+
+PLACEMENT_TIMEOUT_HELP = ("how long actors no node can hold yet are waited for (an autoscaler adding nodes) before "
+                          f"the run stops (default: {PLACEMENT_WAIT_S:g})")
+
+
+def add_placement_timeout(parser: argparse.ArgumentParser, help: str = PLACEMENT_TIMEOUT_HELP) -> None:
+    """--placement-timeout, the flag of every command that starts scoring actors (eval, sweep, ppl, kl)."""
+    parser.add_argument("--placement-timeout", type=seconds, metavar="SECONDS", help=help)
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return value
 
 
 def task_names(values: str | list[str]) -> tuple[str, ...]:

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
-from raylm.cli.options import add_output_option, output_dir
+from raylm.cli.options import add_output_option, add_placement_timeout, output_dir
+from raylm.cluster.runtime import PLACEMENT_WAIT_S
 
 
 def add_sweep_command(sub: argparse._SubParsersAction) -> None:
     sw = sub.add_parser("sweep", help="run a sweep file: models × tasks × settings in one Ray job")
     sw.add_argument("file", type=Path, help="sweep file, e.g. jobs/demo.yaml")
     add_output_option(sw, None, "results (default: raylm-sweeps/<file stem>)")
+    add_placement_timeout(sw, "how long a model's actors no node can hold yet are waited for (an autoscaler adding "
+                              f"nodes; default: the sweep file's placement_timeout, else {PLACEMENT_WAIT_S:g})")
     sw.set_defaults(run=run_sweep_file)
 
 
@@ -22,7 +26,10 @@ def run_sweep_file(args: argparse.Namespace) -> int:
     from raylm.storage.location import location
 
     out = location(output_dir(args))
-    runs = run_sweep(load_sweep(args.file), out)
+    sweep = load_sweep(args.file)
+    if args.placement_timeout is not None:
+        sweep = replace(sweep, placement_timeout=args.placement_timeout)
+    runs = run_sweep(sweep, out)
     print((out / SUMMARY_MD).read_text(), end="")
     ran = sum(len(r.points_run) for r in runs.values())
     skipped = sum(len(r.points_skipped) for r in runs.values())

@@ -2,11 +2,13 @@
 (raylm.cluster.capacity), how many scoring actors, each asking Ray for what, and the one line that says why.
 
 - GPUs: asked for per actor (--num-gpus), by --device cuda, or by --device auto on a cluster that has GPUs or can
-  add nodes with them. The default count is one actor per GPU the cluster can grow to, capped at DEFAULT_MAX_ACTORS
-  (never fewer than fit on the nodes up now). A GPU actor reserves half a CPU, so a node with few CPUs per GPU
-  cannot deadlock.
+  add nodes with them. The cluster's count is one actor per GPU the cluster can grow to, capped at
+  DEFAULT_MAX_ACTORS (never fewer than fit on the nodes up now); the default count is the smaller of that and what
+  the work left needs (Work: a run one actor finishes in a few minutes gets one). A GPU actor reserves half a CPU,
+  so a node with few CPUs per GPU cannot deadlock.
 - CPUs: a CPU actor asks for whole CPUs, at least one, and runs that many torch threads: one actor gets what its
   node has (less `reserve_cpus` left to other work), N actors the largest equal whole share with which all fit.
+- No work left (every shard in the checkpoint): no actor, whatever --actors says, so no node is asked for.
 - What cannot work stops the run at once, in one line: GPUs on a cluster that has and can add none, more actors
   than the cluster can ever hold, `cuda:N` (Ray gives each actor its own GPUs, which it sees as cuda:0..), and a
   cluster whose live nodes hold nothing while what it can add is unknown (a guess would place every actor wrongly).
@@ -26,6 +28,45 @@ GPU_ACTOR_CPUS = 0.5
 DEFAULT_MAX_ACTORS = 16  # default actors on a cluster that can grow: each loads the model; --actors for more
 HINT = f"set {NODE_TYPES_ENV} to the node types it may add (docs/cluster.md)"
 
+# The work estimate (Work), in one place. A forward pass costs about 2 FLOPs per parameter per token (one multiply
+# and one add per weight; attention's share is small at the context lengths scored here). What an actor gets
+# through is an assumption, on the low side so that a run is not split across more actors (and nodes, each billed
+# and each loading the model) than it needs: a GPU actor at 40 TFLOP/s, about a third of the dense bf16 peak of
+# the smallest GPUs clusters offer (A10G, L4; scoring is batched prefill, compute-bound), whatever --num-gpus (the
+# layers of a model spread over an actor's GPUs run one GPU at a time); a CPU actor at 20 GFLOP/s per torch
+# thread. An actor is given TARGET_ACTOR_MINUTES of estimated work: below that, another actor costs more (a node
+# started, a model loaded, minutes each) than it saves.
+FLOPS_PER_PARAMETER_TOKEN = 2.0
+GPU_ACTOR_FLOPS = 40e12
+CPU_THREAD_FLOPS = 20e9
+TARGET_ACTOR_MINUTES = 10.0
+
+
+@dataclass(frozen=True)
+class Work:
+    """What is left to score: the shards not yet in the checkpoint, the tokens of their requests (every forward
+    pass's input: an upper bound, as prefix sharing and truncation only lower it) and the model's parameters."""
+
+    shards: int
+    tokens: int
+    parameters: int
+
+    def actor_minutes(self, device: str, threads: int = 1) -> float:
+        """The estimated minutes one actor on `device` ("cuda" or "cpu", with `threads` torch threads) takes."""
+        flops = GPU_ACTOR_FLOPS if device == "cuda" else CPU_THREAD_FLOPS * threads
+        return self.tokens * FLOPS_PER_PARAMETER_TOKEN * self.parameters / flops / 60
+
+    def actors_needed(self, device: str, threads: int = 1) -> int:
+        """Actors for the work to take at most TARGET_ACTOR_MINUTES each: 0 with nothing left, else at least 1."""
+        if not self.shards:
+            return 0
+        return max(1, min(self.shards, math.ceil(self.actor_minutes(device, threads) / TARGET_ACTOR_MINUTES)))
+
+    def describe(self, device: str, threads: int = 1) -> str:
+        return (f"{self.tokens:,} tokens left in {self.shards} shard{'s' if self.shards != 1 else ''} x "
+                f"{_count_words(self.parameters)} parameters ~ {_minutes_words(self.actor_minutes(device, threads))} "
+                f"actor-minutes at {_flops_words(device, threads)}")
+
 
 @dataclass(frozen=True)
 class Ask:
@@ -36,6 +77,7 @@ class Ask:
     num_cpus: float | None = None
     actors: int | None = None
     reserve_cpus: float = 0.0  # CPUs CPU actors leave free for other work (Ray Data's read tasks)
+    work: Work | None = None  # what is left to score; None where it is not known up front (a streamed corpus)
 
 
 @dataclass(frozen=True)
@@ -44,7 +86,7 @@ class Placement:
     num_cpus: float
     num_gpus: float
     threads: int
-    device: str  # what the actors load the model onto: "cuda" or "cpu"
+    device: str  # what the actors load the model onto: "cuda" or "cpu" (the ask's own where there are none)
     reason: str  # the one log line: what was asked for, and why
     awaits_nodes: bool = False  # some actors fit only on nodes the autoscaler has yet to add
 
@@ -54,6 +96,11 @@ class Placement:
 
 
 def plan(ask: Ask, capacity: Capacity) -> Placement:
+    if ask.work is not None and not ask.work.shards:
+        check_ask(ask)
+        unasked = f"; --actors {ask.actors} not needed" if ask.actors is not None else ""
+        return Placement(0, 0.0, 0.0, 0, ask.device,
+                         f"no actor: nothing left to score (every shard is in the checkpoint){unasked}")
     gpu, why = uses_gpu(ask, capacity)
     return _plan_gpu(ask, capacity, why) if gpu else _plan_cpu(ask, capacity, why)
 
@@ -119,6 +166,14 @@ def _plan_gpu(ask: Ask, capacity: Capacity, why: str) -> Placement:
     else:
         n = max(1, now)
         count = f"one per {per} up now ({now})" if now else "one; no GPU is up yet"
+    if ask.work is not None:
+        needed, estimate = ask.work.actors_needed("cuda"), ask.work.describe("cuda")
+        if ask.actors is not None:
+            count = f"{count} (the work needs {needed}: {estimate})"
+        elif needed < n:
+            n, count = needed, f"what the work needs ({estimate}), fewer than {count}"
+        else:
+            count = f"{count}, no more than the work needs ({needed}: {estimate})"
     return Placement(n, cpus, num_gpus, max(1, int(cpus)), "cuda",
                      f"{n} actor{'s' if n != 1 else ''} x {num_gpus:g} GPU ({cpus:g} CPU each): {count}; {why}",
                      awaits_nodes=n > now)
@@ -146,9 +201,14 @@ def _plan_cpu(ask: Ask, capacity: Capacity, why: str) -> Placement:
                              f"({_describe(capacity)}): use fewer --actors")
         cpus = float(share)
     threads = max(1, int(cpus))
+    work = ""
+    if ask.work is not None:
+        needed = ask.work.actors_needed("cpu", threads)
+        more = ", one CPU actor by default (--actors for more)" if ask.actors is None and needed > n else ""
+        work = f"; the work needs {needed} ({ask.work.describe('cpu', threads)}){more}"
     return Placement(n, cpus, 0.0, threads, "cpu",
                      f"{n} actor{'s' if n != 1 else ''} x {cpus:g} CPU ({threads} torch thread"
-                     f"{'s' if threads != 1 else ''} each), sized to {how}; {why}", awaits_nodes=grown)
+                     f"{'s' if threads != 1 else ''} each), sized to {how}{work}; {why}", awaits_nodes=grown)
 
 
 def whole_cpu_share(node_cpus: list[float], actors: int, reserve: float = 0.0) -> int | None:
@@ -173,3 +233,21 @@ def _describe(capacity: Capacity) -> str:
 def _describe_types(capacity: Capacity) -> str:
     return ", ".join(f"{t.name} x{t.max_count} of {t.resources.get('CPU', 0):g} CPU/{t.resources.get('GPU', 0):g} GPU"
                      for t in capacity.addable or ()) or "no worker types"
+
+
+def _count_words(n: int) -> str:
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
+
+
+def _minutes_words(minutes: float) -> str:
+    return "<0.1" if minutes < 0.1 else f"{minutes:,.1f}" if minutes < 100 else f"{minutes:,.0f}"
+
+
+def _flops_words(device: str, threads: int) -> str:
+    if device == "cuda":
+        return f"{GPU_ACTOR_FLOPS / 1e12:g} TFLOP/s per GPU actor, {TARGET_ACTOR_MINUTES:g} min each"
+    return (f"{CPU_THREAD_FLOPS * threads / 1e9:g} GFLOP/s per CPU actor ({threads} thread{'s' if threads != 1 else ''}"
+            f"), {TARGET_ACTOR_MINUTES:g} min each")

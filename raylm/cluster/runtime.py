@@ -14,7 +14,7 @@ from ray.actor import ActorHandle
 
 from raylm.cluster.capacity import Capacity, actors_that_fit, capacity_of, hint_from_env
 from raylm.cluster.cpus import available_cpus
-from raylm.cluster.placement import Ask, plan, uses_gpu, whole_cpu_share
+from raylm.cluster.placement import Ask, Work, plan, uses_gpu, whole_cpu_share
 from raylm.cluster.failures import remote_error
 from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
@@ -22,8 +22,9 @@ from raylm.models.spec import ModelSpec
 log = logging.getLogger(__name__)
 
 LOCAL_OBJECT_STORE_BYTES = 512 * 1024**2
-# Actors that no node of the cluster could hold are waited for this long (an autoscaler may add a node), then the
-# run stops naming them; actors that fit but wait for room other jobs hold are waited for as long as it takes.
+# Actors that no node of the cluster could hold are waited for this long by default (--placement-timeout: an
+# autoscaler may add a node), then the run stops naming them; actors that fit but wait for room other jobs hold are
+# waited for as long as it takes.
 PLACEMENT_WAIT_S = 600.0
 READY_POLL_S = 5.0
 # Ray starts worker processes at niceness +15 so that its own processes stay responsive. On the local Ray a
@@ -120,6 +121,10 @@ class ActorRecipe:
     reason: str = ""  # the placement's log line
     awaits_nodes: bool = False  # some actors fit only on nodes the autoscaler has yet to add
 
+    def starts_like(self, other: ActorRecipe) -> bool:
+        """Whether an actor started from this recipe is one `other` would start (their placement lines aside)."""
+        return replace(self, reason="", awaits_nodes=False) == replace(other, reason="", awaits_nodes=False)
+
     def start(self) -> ActorHandle:
         """Ask Ray for a new actor; it is ready (model loaded) when its `ready()` returns."""
         from raylm.cluster.actors import RemoteScoringActor
@@ -129,11 +134,14 @@ class ActorRecipe:
 
 
 def plan_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus: float | None = None,
-                num_cpus: float | None = None, reserve_cpus: float = 0.0) -> tuple[ActorRecipe, int]:
-    """The per-actor recipe and actor count for this cluster, by raylm.cluster.placement's rule; `num_cpus`
-    overrides the CPUs per actor (a sweep's models share a machine instead of each claiming all of it), and
-    `reserve_cpus` is kept free of CPU actors for other work (Ray Data's read tasks)."""
-    placement = plan(Ask(spec.device, num_gpus, num_cpus, n, reserve_cpus), cluster_capacity())
+                num_cpus: float | None = None, reserve_cpus: float = 0.0, work: Work | None = None,
+                capacity: Capacity | None = None) -> tuple[ActorRecipe, int]:
+    """The per-actor recipe and actor count for this cluster (or `capacity`, as it was read before), by
+    raylm.cluster.placement's rule; `num_cpus` overrides the CPUs per actor (a sweep's models share a machine
+    instead of each claiming all of it), `reserve_cpus` is kept free of CPU actors for other work (Ray Data's read
+    tasks), and `work` (what is left to score, where known) bounds the default count: none when nothing is left."""
+    capacity = capacity if capacity is not None else cluster_capacity()
+    placement = plan(Ask(spec.device, num_gpus, num_cpus, n, reserve_cpus, work), capacity)
     recipe = ActorRecipe(replace(spec, device=placement.device), batch_size, placement.num_cpus, placement.num_gpus,
                          placement.threads, placement.reason, placement.awaits_nodes)
     return recipe, placement.actors
@@ -142,19 +150,23 @@ def plan_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus
 class LaunchedActors:
     """Actors asked of Ray but maybe still loading their models, so the driver can do its own work meanwhile."""
 
-    def __init__(self, recipe: ActorRecipe, n: int):
+    def __init__(self, recipe: ActorRecipe, n: int, started: list[ActorHandle] | None = None):
+        """n actors of `recipe`: those `started` already from it (up to n; the others are stopped), and new ones."""
         self.recipe = recipe
         if recipe.reason:
             log.info("placement: %s", recipe.reason)
-        self.actors = [recipe.start() for _ in range(n)]
+        started = started or []
+        kill(started[n:])
+        self.actors = started[:n] + [recipe.start() for _ in range(n - len(started[:n]))]
 
-    def wait_ready(self, placement_wait_s: float = PLACEMENT_WAIT_S) -> list[ActorHandle]:
+    def wait_ready(self, placement_wait_s: float | None = None) -> list[ActorHandle]:
         """The actors, once every one has loaded its model. The list is this object's own: the scheduler swaps dead
         actors in it for their replacements, so that release() stops whichever are alive at the end.
 
         Loading may take as long as it takes (a download, a big checkpoint); what would otherwise hang for ever is
-        an actor no node can hold, so that stops the run once it has lasted placement_wait_s.
+        an actor no node can hold, so that stops the run once it has lasted placement_wait_s (--placement-timeout).
         """
+        placement_wait_s = PLACEMENT_WAIT_S if placement_wait_s is None else placement_wait_s
         pending = [a.ready.remote() for a in self.actors]
         unplaceable_since: float | None = None
         while pending:
@@ -174,11 +186,12 @@ class LaunchedActors:
                 unplaceable_since = now
                 awaited = "the autoscaler to add nodes" if self.recipe.awaits_nodes else "a node with room"
                 (log.info if self.recipe.awaits_nodes else log.warning)(
-                    "%s; waiting up to %.0f s for %s", self._unplaceable(len(pending), nodes), placement_wait_s,
+                    "%s; waiting up to %g s for %s", self._unplaceable(len(pending), nodes), placement_wait_s,
                     awaited)
             if now - unplaceable_since >= placement_wait_s:
-                raise RaylmError(f"{self._unplaceable(len(pending), nodes)}; waited {placement_wait_s:.0f} s "
-                                 "(use fewer --actors or --num-gpus, or a cluster with bigger nodes)")
+                raise RaylmError(f"{self._unplaceable(len(pending), nodes)}; waited {placement_wait_s:g} s "
+                                 "(use fewer --actors or --num-gpus, a cluster with bigger nodes, or a longer "
+                                 "--placement-timeout for an autoscaler that adds nodes slowly)")
         log.info("%d scoring actor(s) ready (%s CPU, %s GPU each)", len(self.actors), self.recipe.num_cpus,
                  self.recipe.num_gpus)
         return self.actors
@@ -194,10 +207,15 @@ class LaunchedActors:
 
 
 def start_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus: float | None = None,
-                 num_cpus: float | None = None) -> list[ActorHandle]:
+                 num_cpus: float | None = None, placement_wait_s: float | None = None) -> list[ActorHandle]:
     """Start n actors as `plan_actors` sizes them and wait until their models load."""
     recipe, n = plan_actors(spec, n, batch_size, num_gpus, num_cpus)
-    return LaunchedActors(recipe, n).wait_ready()
+    launched = LaunchedActors(recipe, n)
+    try:
+        return launched.wait_ready(placement_wait_s)
+    except BaseException:
+        launched.release()  # an actor left waiting for a node would keep asking the autoscaler for one
+        raise
 
 
 def actor_pids(actors: list[ActorHandle]) -> list[int]:

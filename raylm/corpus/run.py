@@ -61,6 +61,9 @@ class CorpusConfig:
     limit_docs: int | None = None
     docs_per_batch: int = SCORING_DOCS_PER_BATCH
     progress: bool = True
+    # --placement-timeout: seconds the model actors may take to start (Ray Data's wait_for_min_actors_s, which
+    # counts the model load too); None waits as long as it takes, as Ray Data does
+    placement_timeout_s: float | None = None
 
     @property
     def kind(self) -> str:
@@ -193,8 +196,11 @@ def _run_corpus(cfg: CorpusConfig, out_dir: Location) -> CorpusResult:
     # actor waiting for input.
     connect(min_cpus=local_cpus_needed(cfg.actors, READ_CPUS))
     ds = read_corpus(cfg.data, cfg.fmt, cfg.text_column, cfg.limit_docs)
+    # The work of a streamed corpus is not known before it is read: the cluster's count (raylm.cluster.placement).
     recipe, n = plan_actors(cfg.model, cfg.actors, None, reserve_cpus=READ_CPUS)
     log.info("placement: %s", recipe.reason)
+    if cfg.placement_timeout_s is not None:
+        ds.context.wait_for_min_actors_s = cfg.placement_timeout_s
     # The actors load onto the placement's device (recipe.spec); Q lives beside P.
     if cfg.model_b is None:
         fn = DocPseudoPerplexity if scorer == "mlm" else DocPerplexity
@@ -206,7 +212,12 @@ def _run_corpus(cfg: CorpusConfig, out_dir: Location) -> CorpusResult:
                             compute=ray.data.ActorPoolStrategy(size=n), num_cpus=recipe.num_cpus,
                             num_gpus=recipe.num_gpus)
     label = result_label(cfg, scorer)
-    sums, verdicts = _stream(scored, out_dir / "samples" / f"{label}.parquet", cfg.progress, cfg.data)
+    try:
+        sums, verdicts = _stream(scored, out_dir / "samples" / f"{label}.parquet", cfg.progress, cfg.data)
+    except ray.exceptions.GetTimeoutError as e:
+        raise RaylmError(f"{n} model actor(s) asking for {recipe.num_cpus:g} CPU and {recipe.num_gpus:g} GPU each did "
+                         f"not all start within --placement-timeout {cfg.placement_timeout_s:g} s (a node with room "
+                         "for them, or their model load, took longer)") from e
     metrics = {"ppl": ppl_metrics, "pseudo_ppl": pseudo_ppl_metrics, "kl": kl_metrics}[label](sums)
     sharing = {"ppl": prefix_sharing(verdicts), "pseudo_ppl": MASKED_PREFIX_SHARING, "kl": KL_PREFIX_SHARING}[label]
     commits = [scored_commit(m) for m in (cfg.model, cfg.model_b) if m]

@@ -57,6 +57,23 @@ def gpu_budget(gpus: int, fraction: float = WEIGHTS_FRACTION) -> Budget:
     return Budget({i: int(torch.cuda.mem_get_info(i)[0] * fraction) for i in range(gpus)})
 
 
+def meta_model(config, auto_class: str, dtype: torch.dtype | None = None, trust_remote_code: bool = False
+               ) -> torch.nn.Module:
+    """The model built from its config on the meta device: every tensor a shape without storage (accelerate's
+    init_empty_weights allocates each parameter on the CPU first: seconds and gigabytes for an 8B model's
+    embedding)."""
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        return getattr(transformers, auto_class).from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+
+
+def count_parameters(config, auto_class: str, trust_remote_code: bool = False) -> int:
+    """The model's parameters (tied ones once), from its config alone."""
+    return sum(p.numel() for p in meta_model(config, auto_class, None, trust_remote_code).parameters())
+
+
 def plan_device_map(config, dtype: torch.dtype, budget: Budget, auto_class: str = "AutoModelForCausalLM",
                     trust_remote_code: bool = False) -> dict[str, int | str]:
     """Module name -> device, balanced over the budget's devices, planned on the meta device from the config.
@@ -65,15 +82,9 @@ def plan_device_map(config, dtype: torch.dtype, budget: Budget, auto_class: str 
     only devices the budget names: accelerate's planner would put what does not fit on "disk", which is refused
     here unless the budget asks for it.
     """
-    import torch
-    import transformers
     from transformers.integrations.accelerate import compute_module_sizes, get_balanced_memory, infer_auto_device_map
 
-    # Built under the meta device, every tensor is a shape without storage (accelerate's init_empty_weights
-    # allocates each parameter on the CPU first: seconds and gigabytes for an 8B model's embedding).
-    with torch.device("meta"):
-        model = getattr(transformers, auto_class).from_config(config, dtype=dtype,
-                                                              trust_remote_code=trust_remote_code)
+    model = meta_model(config, auto_class, dtype, trust_remote_code)
     no_split = model._no_split_modules or []
     balanced = get_balanced_memory(model, max_memory=dict(budget.max_memory), no_split_module_classes=no_split)
     plan = dict(infer_auto_device_map(model, max_memory=balanced, no_split_module_classes=no_split))

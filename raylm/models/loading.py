@@ -12,7 +12,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from raylm.errors import RaylmError, first_line
-from raylm.models.devices import Budget, placement_kwargs
+from raylm.models.devices import Budget, count_parameters, placement_kwargs
 from raylm.models.spec import (
     PLL_VARIANTS,
     SCORERS,
@@ -140,6 +140,17 @@ def _is_remote(config, trust_remote_code: bool) -> bool:
     return trust_remote_code and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
 
 
+def model_class(kind: str) -> str:
+    """The transformers auto class a model of this kind ("causal" or "mlm") loads as."""
+    return "AutoModelForMaskedLM" if kind == "mlm" else "AutoModelForCausalLM"
+
+
+def parameter_count(spec: ModelSpec, kind: str) -> int:
+    """The model's parameters, from its config (no weight read): what sizes the work of a run
+    (raylm.cluster.placement.Work)."""
+    return count_parameters(load_config(spec), model_class(kind), spec.trust_remote_code)
+
+
 def load_model(spec: ModelSpec, kind: str = "causal", gpus: int = 1,
                budget: Budget | None = None) -> torch.nn.Module:
     """The model with its causal LM head, or (kind "mlm") its masked-LM head, which must be in the checkpoint.
@@ -147,7 +158,7 @@ def load_model(spec: ModelSpec, kind: str = "causal", gpus: int = 1,
     Weights load straight onto the device they run on (raylm.models.devices): spread over `gpus` CUDA devices
     when more than one, or over the devices of `budget` when given (GPUs, "cpu", "disk").
     """
-    name = "AutoModelForMaskedLM" if kind == "mlm" else "AutoModelForCausalLM"
+    name = model_class(kind)
     auto_class = _from_transformers(name)
 
     spec.validate()

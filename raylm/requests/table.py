@@ -13,6 +13,7 @@ import logging
 from collections.abc import Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from raylm.requests.encoding import Encoder
 from raylm.requests.masked import MaskedEncoder, MaskedRequest
@@ -163,3 +164,16 @@ def _append(cols: dict[str, list], doc_id: int, req_idx: int, request: Request, 
                         ("continuation", continuation), ("gold", gold), ("norm_len", norm_len),
                         ("words", words), ("bytes", n_bytes)):
         cols[name].append(value)
+
+
+def forward_tokens(table: pa.Table) -> int:
+    """The tokens a scorer runs its model over for these requests, before prefix sharing and truncation (which only
+    lower it): a causal LM one pass over context + continuation; a masked LM one copy of the whole request per
+    continuation token, each with that token masked (raylm.scoring.mlm)."""
+    def length(column: str):
+        return pc.list_value_length(table[column]).fill_null(0)
+
+    lengths = pc.add(length("context"), length("continuation"))
+    if "following" in table.column_names:
+        lengths = pc.multiply(pc.add(lengths, length("following")), length("continuation"))
+    return int(pc.sum(lengths).as_py() or 0)

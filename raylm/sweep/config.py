@@ -38,7 +38,7 @@ from raylm.tasks.lmeval.selection import refuse_native_clash
 PACKAGED = "raylm:demo"  # the packaged stories260K model (as a model path) or the packaged data (as data_dir)
 TOP_KEYS = ("models", "tasks", "settings", "data_dir", "include_path", "seed", "device", "actors_per_model", "num_gpus",
             "num_cpus", "max_length", "decontaminate", "shard_size", "apply_chat_template", "fewshot_as_multiturn",
-            "system_instruction", "chat_template_args", "metadata")
+            "system_instruction", "chat_template_args", "metadata", "placement_timeout")
 MODEL_KEYS = ("path", "name", "dtype", "load_in_4bit", "load_in_8bit", "revision", "scorer", "pll", "max_length",
               "peft", "add_bos_token", "prefix_token_id")
 SETTING_KEYS = ("num_fewshot", "limit", "batch_size", "dtype", "quantization")
@@ -75,6 +75,9 @@ class Sweep:
     include_path: Path | None = None
     decontaminate: Path | None = None  # a `raylm contamination` output: `_decontaminate` metrics for every point
     shard_size: int = DEFAULT_SHARD_REQUESTS  # requests per shard: what a killed point loses at most per actor
+    # Seconds a model's actors that no node can hold yet are waited for (raylm eval's --placement-timeout; None:
+    # its default)
+    placement_timeout: float | None = None
     # As raylm eval's --apply-chat-template, --fewshot-as-multiturn, --system-instruction, --chat-template-args and
     # --metadata, for every model and point.
     prompt: dict[str, Any] = field(default_factory=dict)
@@ -107,6 +110,7 @@ def load_sweep(path: Path) -> Sweep:
         num_cpus=_positive(r, top, "num_cpus", (int, float), None),
         decontaminate=_scan(r, top["decontaminate"], base) if "decontaminate" in top else None,
         shard_size=_positive(r, top, "shard_size", int, DEFAULT_SHARD_REQUESTS),
+        placement_timeout=_positive(r, top, "placement_timeout", (int, float), None),
         prompt=_prompt(r, top), metadata=_plain_mapping(r, top, "metadata"),
     )
     for model in sweep.models:

@@ -184,7 +184,8 @@ def _cpus_per_actor(sweep: Sweep, models: int) -> float | None:
 
 def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], out: Location, run: ModelRun,
                num_cpus: float | None) -> None:
-    actors = start_actors(model.spec, sweep.actors_per_model, None, sweep.num_gpus, num_cpus)
+    actors = start_actors(model.spec, sweep.actors_per_model, None, sweep.num_gpus, num_cpus,
+                          sweep.placement_timeout)
     run.loads += len(actors)
     try:
         run.actor_pids = actor_pids(actors)
