@@ -14,6 +14,7 @@ from reference import float64_copy
 from reference_corpus import reference_strided_nll
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from raylm.cli import main
 from raylm.config import EvalConfig
 from raylm.corpus.doc_scoring import DocPerplexity
 from raylm.corpus.run import CorpusConfig, results_dict, run_corpus
@@ -194,13 +195,16 @@ def test_ppl_never_replaces_another_commands_results(spec, parquet_run, tmp_path
 
 
 def test_cli_ppl_on_two_actors_matches_one_and_kl_refuses_mismatched_tokenizers(parquet_run, tiny_llama,
-                                                                                 tiny_gpt2, tmp_path):
-    """The CLI as users run it; 2 actors and 3-document batches give the in-process run's per-document NLL."""
+                                                                                 tiny_gpt2, tmp_path, capsys):
+    """The CLI as users run it (its own local Ray: two actors and a CPU left to reading are more than the session
+    Ray holds); 2 actors and 3-document batches give the in-process run's per-document NLL. The kl refusal comes
+    before Ray starts, so main() in this process shows it."""
     data, expected, expected_docs = parquet_run
     out = tmp_path / "out"
     proc = run_cli("ppl", "--model", str(tiny_llama), "--data", data, "--text-column", "body", "--max-length", "64",
                    "--actors", "2", "--docs-per-batch", "3", "--output", str(out), "--no-progress")
     assert proc.returncode == 0, proc.stderr[-2000:]
+    printed = proc.stdout
     results = json.loads((out / "results.json").read_text())
     ppl = results["results"]["ppl"]
     assert set(ppl) == set(expected.metrics) >= {"nll_sum", "tokens", "words", "bytes", "chars", "docs",
@@ -214,24 +218,29 @@ def test_cli_ppl_on_two_actors_matches_one_and_kl_refuses_mismatched_tokenizers(
     # machine's oneDNN (1.4e-6 nats of 124). 1e-6 is float32 tolerance for such a sum; a wrong token would be ~1.
     assert docs["nll"].to_pylist() == pytest.approx(expected_docs["nll"].to_pylist(), rel=1e-6)
     assert is_raylm_parquet(out / "samples" / "ppl.parquet")  # what --overwrite checks before deleting it
-    assert "token_perplexity" in proc.stdout
-    proc = run_cli("kl", "--model", str(tiny_llama), "--model-b", str(tiny_gpt2), "--data", data,
-                   "--output", str(tmp_path / "kl"), "--no-progress")
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("raylm: error:")]
-    assert proc.returncode == 2 and len(errors) == 1 and "different vocabularies" in errors[0], proc.stderr[-2000:]
+    assert "token_perplexity" in printed
+    capsys.readouterr()
+    assert main(["kl", "--model", str(tiny_llama), "--model-b", str(tiny_gpt2), "--data", data,
+                 "--output", str(tmp_path / "kl"), "--no-progress"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("raylm: error:")]
+    assert len(errors) == 1 and "different vocabularies" in errors[0], errors
     assert not (tmp_path / "kl" / "results.json").exists()
 
 
 def test_cli_ppl_with_weights_that_fail_to_load_in_the_actor_is_one_line(parquet_run, truncated_weights_model,
-                                                                        tmp_path):
+                                                                        tmp_path, capfd):
+    """Last in this module: the failed stream's map actors stay alive until ray_restarted_after restarts Ray. In
+    this process (its stderr read at the file descriptor): the actor side never prints the traceback, as
+    test_cli.py's actor-failure test proves for `raylm eval` in a process of its own."""
     data, _, _ = parquet_run
     out = tmp_path / "out"
-    proc = run_cli("ppl", "--model", str(truncated_weights_model), "--data", data, "--text-column", "body",
-                   "--output", str(out), "--no-progress")
-    assert proc.returncode == 2
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("raylm: error:")]
-    assert len(errors) == 1, proc.stderr[-3000:]
+    capfd.readouterr()
+    assert main(["ppl", "--model", str(truncated_weights_model), "--data", data, "--text-column", "body",
+                 "--output", str(out), "--no-progress"]) == 2
+    stderr = capfd.readouterr().err
+    errors = [line for line in stderr.splitlines() if line.startswith("raylm: error:")]
+    assert len(errors) == 1, stderr[-3000:]
     assert errors[0].startswith("raylm: error: corpus scoring failed: SafetensorError: ")
     assert errors[0].endswith(f" (full traceback in {out / 'raylm-error.log'})")
-    assert "Traceback" not in proc.stderr and ", in start\n" in (out / "raylm-error.log").read_text()
+    assert "Traceback" not in stderr and ", in start\n" in (out / "raylm-error.log").read_text()
     assert not (out / "results.json").exists()

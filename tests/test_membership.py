@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import DATA, run_cli
+from conftest import DATA
+from raylm.cli import main
 from raylm.corpus.doc_scoring import DocMembership
 from raylm.models.loading import load_model, load_tokenizer
 from raylm.models.spec import ModelSpec
@@ -117,13 +118,16 @@ def test_a_window_longer_than_the_logits_budget_runs_in_pieces(spec):
     assert_reference_scores(rows, texts, 20.0, float64_copy(model), tokenizer, 128)
 
 
-def test_cli_membership_on_a_choice_and_a_rolling_task(tiny_llama, tmp_path):
+def test_cli_membership_on_a_choice_and_a_rolling_task(ray_session, tiny_llama, tmp_path, capsys):
+    """The `raylm membership` command through main(), on the session Ray (test_cli.py runs the entry point in a
+    process of its own)."""
     out = tmp_path / "out"
-    proc = run_cli("membership", "--model", str(tiny_llama), "--tasks", "winogrande,wikitext", "--data-dir",
-                   str(DATA), "--limit", "1", "--k", "10", "--max-length", "64", "--output", str(out),
-                   "--no-progress")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Min-10% mean" in proc.stdout and "Weak, model-side evidence" in proc.stdout
+    capsys.readouterr()
+    assert main(["membership", "--model", str(tiny_llama), "--tasks", "winogrande,wikitext", "--data-dir",
+                 str(DATA), "--limit", "1", "--k", "10", "--max-length", "64", "--output", str(out),
+                 "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "Min-10% mean" in printed and "Weak, model-side evidence" in printed
     report = json.loads((out / "membership.json").read_text())
     rows = pq.read_table(out / "membership.parquet")
     assert rows["task"].to_pylist() == ["winogrande", "wikitext"] and rows["doc_id"].to_pylist() == [0, 0]
@@ -138,6 +142,6 @@ def test_cli_membership_on_a_choice_and_a_rolling_task(tiny_llama, tmp_path):
                                                                             rel=1e-9)
     assert report["tasks"]["wikitext"]["tokens"] == rows["tokens"][1].as_py() > 1000
     assert report["k"] == 10.0 and report["config"]["command"] == "membership"
-    proc = run_cli("membership", "--model", str(tiny_llama), "--tasks", "winogrande", "--data-dir", str(DATA),
-                   "--k", "0", "--output", str(tmp_path / "bad"), "--no-progress")
-    assert proc.returncode == 2 and "--k must be a percentage in (0, 100], got 0.0" in proc.stderr
+    assert main(["membership", "--model", str(tiny_llama), "--tasks", "winogrande", "--data-dir", str(DATA),
+                 "--k", "0", "--output", str(tmp_path / "bad"), "--no-progress"]) == 2
+    assert "--k must be a percentage in (0, 100], got 0.0" in capsys.readouterr().err

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from conftest import run_cli
 
 from raylm.cli import build_parser, config_from_args
@@ -119,10 +120,14 @@ def test_demo_sweep_without_a_quantisation_package_fails_before_ray_in_one_line(
 
 
 def test_the_demo_sweep_runs_its_4bit_model_without_warnings_or_tracebacks(tmp_path):
-    """The README's offline sweep, cut to 5 documents per task: the nf4 model loads (bitsandbytes and accelerate
-    installed with raylm itself), and bitsandbytes' hub-kernel warning is not shown."""
+    """The README's offline sweep, cut to its nf4 model and 5 documents per task: the nf4 model loads
+    (bitsandbytes and accelerate installed with raylm itself), and bitsandbytes' hub-kernel warning is not shown.
+    Its fp32 model is a plain sweep model, as tests/test_sweep.py runs them."""
+    demo = yaml.safe_load((REPO / "jobs" / "demo.yaml").read_text())
+    demo["models"] = [model for model in demo["models"] if model.get("load_in_4bit")]
+    demo["settings"]["limit"] = [5]
     sweep = tmp_path / "demo.yaml"
-    sweep.write_text((REPO / "jobs" / "demo.yaml").read_text().replace("limit: [200]", "limit: [5]"))
+    sweep.write_text(yaml.safe_dump(demo))
     proc = run_cli("sweep", str(sweep), "--output", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "stories260K-nf4" / "0shot-limit5-batchauto" / "results.json").read_text())
