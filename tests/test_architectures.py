@@ -464,8 +464,9 @@ def test_load_model_asks_for_the_implementation_load_implementation_chooses(zoo,
 
 
 def test_config_json_attn_implementation_wins_and_the_plan_follows_it(zoo, real, tmp_path):
-    """A config.json "_attn_implementation" overrides from_pretrained's argument: the plan is made from what the
-    loaded model has. Eager is proven; an implementation that takes no 4D mask is scored unpacked, correctly."""
+    """A config.json "attn_implementation" overrides from_pretrained's argument: the plan is made from what the
+    loaded model has. Eager is proven; an implementation that takes no 4D mask is scored unpacked, correctly.
+    (The public key: transformers 5.25 stopped reading the private "_attn_implementation" from config.json.)"""
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import sdpa_mask
@@ -480,7 +481,7 @@ def test_config_json_attn_implementation_wins_and_the_plan_follows_it(zoo, real,
         for item in zoo.path("llama").iterdir():
             (path / item.name).write_bytes(item.read_bytes())
         config = json.loads((path / "config.json").read_text())
-        (path / "config.json").write_text(json.dumps({**config, "_attn_implementation": implementation}))
+        (path / "config.json").write_text(json.dumps({**config, "attn_implementation": implementation}))
         model = load_model(ModelSpec(str(path), dtype="float32", device="cpu"))
         scorer = Scorer(model, MAX_LENGTH)
         got = score(scorer, real)

@@ -123,7 +123,7 @@ def load_implementation(config, trust_remote_code: bool) -> str | None:
     """The attention implementation raylm asks from_pretrained for: sdpa where the class supports it, else eager
     (Gemma-2, BLOOM, MPT). None leaves the choice where it already is: an implementation the model's config.json
     states (the user's or the author's), or remote code's own default. Either way the plan is made from the
-    implementation the loaded model ends up with, since a config.json "_attn_implementation" wins over the
+    implementation the loaded model ends up with, since a config.json "attn_implementation" wins over the
     argument."""
     if text_config(config)._attn_implementation is not None or _is_remote(config, trust_remote_code):
         return None
