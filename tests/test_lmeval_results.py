@@ -127,7 +127,12 @@ def variants(local_tasks, tmp_path_factory):
 
 
 @pytest.mark.parametrize("num_fewshot,bootstrap_iters", [(None, 200), (3, 0)])
-def test_raylms_glue_gives_lm_evals_own_results_for_the_same_scores(variants, num_fewshot, bootstrap_iters):
+def test_raylms_glue_gives_lm_evals_own_results_for_the_same_scores(variants, num_fewshot, bootstrap_iters,
+                                                                    monkeypatch):
+    # lm-eval's bootstrap forks a multiprocessing pool unless DISABLE_MULTIPROC is set; this process has Ray's and
+    # torch's threads, and one fork hung here past the timeout. Its single-process path draws the same replicates
+    # (random.Random(i) per chunk of 1,000, in order), so both sides below still get lm-eval's numbers.
+    monkeypatch.setenv("DISABLE_MULTIPROC", "1")
     names = ["arc_mi", "arc_ll", "arc_two_shot", "arc_pinned"]
     seeds = (0, 1234, 1234, 1234)
     built = load_and_build(select(names, variants), seeds, num_fewshot, 12)
