@@ -1,6 +1,6 @@
 """lm-eval-backed tasks end to end on real Ray actors: `raylm eval` with native and lm-eval tasks side by side
 (results.json in lm-eval's shape, lm-eval's make_table and result schema, --log-samples Parquet), results
-independent of actor count and shard size, a SIGKILLed run resumed, PIQA's over-long rows refused in one line,
+independent of actor count and shard size, PIQA's over-long rows refused in one line,
 sweeps with lm-eval names, and lm_eval.simple_evaluate on raylm's actors through RayLM."""
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from lm_eval.result_schema import EvalResults
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import make_table
 from pydantic import TypeAdapter, ValidationError
-from test_resume import checkpointed, kill_after_checkpoints
 
 from raylm.api import RayLM
 from raylm.cli import main
-from raylm.cluster.checkpoint import CHECKPOINT_DIR, MANIFEST
+from raylm.cluster.checkpoint import CHECKPOINT_DIR
 from raylm.cluster.runtime import start_actors
 from raylm.config import EvalConfig
 from raylm.evaluate import evaluate
@@ -211,31 +210,6 @@ def assert_same(ours: dict, theirs: dict) -> None:
         for key, value in metrics.items():
             expected = theirs[name][key]
             assert value == (pytest.approx(expected, rel=1e-9) if isinstance(value, float) else expected), (name, key)
-
-
-def test_killed_run_resumes_and_equals_an_uninterrupted_one(ray_session, tasks_dir, cli_run, tmp_path, capsys):
-    _, _, whole = cli_run
-    out = tmp_path / "out"
-    kill_after_checkpoints(eval_args(tasks_dir, out), out, 4, tmp_path / "killed.log")
-    assert not (out / "results.json").exists()
-    done = checkpointed(out)
-    shards = json.loads((out / CHECKPOINT_DIR / MANIFEST).read_text())["shards"]
-    assert 4 <= len(done) < len(shards)
-    capsys.readouterr()
-    assert main(eval_args(tasks_dir, out) + ["--actors", "2"]) == 0
-    final = capsys.readouterr().out.strip().splitlines()[-2]
-    assert f"in {len(shards)} shards, 0 retried, {len(done)} resumed from checkpoint" in final, final
-    resumed = json.loads((out / "results.json").read_text())
-    for section in ("results", "groups", "n-samples", "versions", "n-shot", "higher_is_better", "group_subtasks"):
-        assert resumed[section] == whole[section], section
-    assert resumed["sums"].keys() == whole["sums"].keys()
-    assert resumed["config"]["tokens"] == whole["config"]["tokens"]  # resumed shards kept their computed counts
-    assert "tokens computed (" in final
-    # A different run is refused there.
-    args = eval_args(tasks_dir, out)
-    args[args.index("--limit") + 1] = "3"
-    assert main(args) == 2
-    assert "holds results of a different run (differs in: data, limit, shards)" in capsys.readouterr().err
 
 
 def test_continuations_longer_than_the_context_are_named_in_one_line(ray_session, local_tasks, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Head loss survived: output on shared storage (S3; moto's server, tests/s3_server.py), the whole Ray cluster
 (driver, head and actors: the process group of a CLI that started its own Ray) killed mid-run, a new cluster, and
-the same command resumes from the store, scoring only the missing shards, equal to an undisturbed run."""
+the same command resumes from the store, scoring only the missing shards, equal to an undisturbed run. The run
+holds native tasks and lm-eval's (a task and a group), so both kinds of results are rebuilt from resumed shards."""
 
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ pytest_plugins = ["s3_server"]  # its fixtures: s3_server, s3
 LEASE_S = 2  # the killed run's lease: a dead holder's lease must run out before the rerun may take the lock
 
 
-def eval_args(model, out, limit=6):
-    return ["eval", "--model", str(model), "--tasks", "hellaswag,winogrande,wikitext", "--data-dir", str(DATA),
-            "--limit", str(limit), "--shard-size", "4", "--output", str(out), "--no-progress"]
+def eval_args(model, tasks, out, limit=6):
+    return ["eval", "--model", str(model), "--tasks", "hellaswag,winogrande,wikitext,arc_easy_local,mmlu_local",
+            "--include-path", str(tasks), "--data-dir", str(DATA), "--limit", str(limit), "--shard-size", "4",
+            "--bootstrap-iters", "100", "--output", str(out), "--no-progress"]
 
 
 def checkpointed(out):
@@ -58,9 +60,9 @@ def kill_after_checkpoints(args, out, n, log):
 
 
 def test_rerun_after_the_cluster_is_lost_resumes_from_s3_and_matches_an_undisturbed_run(
-        ray_session, tiny_llama, s3, tmp_path, capsys, caplog):
+        ray_session, tiny_llama, local_tasks, s3, tmp_path, capsys, caplog):
     out, reference = f"{s3}/out", tmp_path / "reference"
-    kill_after_checkpoints(eval_args(tiny_llama, out), out, 3, tmp_path / "killed.log")
+    kill_after_checkpoints(eval_args(tiny_llama, local_tasks, out), out, 3, tmp_path / "killed.log")
     assert not (location(out) / "results.json").exists()
     done = checkpointed(out)
     shards = read_json(out, f"{CHECKPOINT_DIR}/{MANIFEST}")["shards"]
@@ -71,20 +73,24 @@ def test_rerun_after_the_cluster_is_lost_resumes_from_s3_and_matches_an_undistur
 
     capsys.readouterr()
     with caplog.at_level(logging.WARNING):
-        assert main(eval_args(tiny_llama, out) + ["--actors", "2"]) == 0
+        assert main(eval_args(tiny_llama, local_tasks, out) + ["--actors", "2"]) == 0
     assert f"whose lease expired (pid {dead['pid']} on {dead['host']}" in caplog.text
     final = capsys.readouterr().out.strip().splitlines()[-2]
     assert final.startswith(f"{missing_requests} requests scored in {len(shards)} shards, 0 retried, "
                             f"{len(done)} resumed from checkpoint"), final
+    assert "tokens computed (" in final
     assert checkpointed(out) == list(range(len(shards)))
 
-    assert main(eval_args(tiny_llama, reference)) == 0
+    assert main(eval_args(tiny_llama, local_tasks, reference)) == 0
     resumed, whole = read_json(out, "results.json"), json.loads((reference / "results.json").read_text())
-    assert resumed["results"] == whole["results"] and resumed["sums"] == whole["sums"]
-    assert resumed["n-samples"] == whole["n-samples"]
+    for section in ("results", "groups", "group_subtasks", "n-samples", "versions", "n-shot", "higher_is_better",
+                    "sums"):
+        assert resumed[section] == whole[section], section
+    assert resumed["groups"]["mmlu_local"]["acc,none"] is not None
+    assert resumed["config"]["tokens"] == whole["config"]["tokens"]  # resumed shards kept their computed counts
 
     # The same output refuses a different run and leaves its results alone.
-    assert main(eval_args(tiny_llama, out, limit=5)) == 2
+    assert main(eval_args(tiny_llama, local_tasks, out, limit=5)) == 2
     assert "holds results of a different run (differs in: data, limit, shards)" in capsys.readouterr().err
     assert checkpointed(out) == list(range(len(shards)))
 
@@ -94,5 +100,5 @@ def test_rerun_after_the_cluster_is_lost_resumes_from_s3_and_matches_an_undistur
         table = pq.read_table(f)
     write_parquet_atomic(first, table.replace_schema_metadata({**table.schema.metadata, b"raylm.dtype": b"bfloat16"}))
     (location(out) / CHECKPOINT_DIR / "shards" / "000001.parquet").unlink()
-    assert main(eval_args(tiny_llama, out)) == 2
+    assert main(eval_args(tiny_llama, local_tasks, out)) == 2
     assert "holds shards scored on cpu/bfloat16, and this run's actors score on cpu/float32" in capsys.readouterr().err
