@@ -248,6 +248,8 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
         if clean is not None and kind != LMEVAL_KIND:
             results[name].decontaminated = native_decontaminated(name, kind, table, clean[name])
     lmeval = _lmeval_results(cfg, built, tables, results, clean) if built is not None else None
+    if cfg.log_samples and docs:
+        log_native_samples(cfg, docs, prompt, results)
     for name, ids in (clean or {}).items():
         results[name].n_clean = len(ids)
     wall = time.time() - start
@@ -283,6 +285,28 @@ def _lmeval_results(cfg: EvalConfig, built: Built, tables: Tables, results: dict
                                  if k not in ("name", "alias", "sample_len")}
         results[name].n_docs_original = out["n-samples"][name]["original"]
     return out
+
+
+def log_native_samples(cfg: EvalConfig, docs: TaskDocs, prompt: PromptFormat, results: dict[str, TaskResult]
+                        ) -> None:
+    """Each native task's samples as lm-eval logs them, on its TaskResult, for its jsonl: computed by lm-eval's own
+    task of that name on the same rows (raylm.results.native_logs). Without lm-eval, which that takes, the native
+    tasks' samples are Parquet only."""
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        log.warning("native tasks' samples are written as Parquet only: their lm-eval jsonl is written by lm-eval's "
+                    "own code, and lm-eval is not installed")
+        return
+    from raylm.results.native_logs import native_samples
+    from raylm.tasks.lmeval.counterparts import build_counterparts
+
+    built = build_counterparts(list(docs), cfg.data_dir, num_fewshot=cfg.num_fewshot, fewshot_seed=cfg.fewshot_seed,
+                               limit=cfg.limit, samples=cfg.samples, prompt=prompt)
+    logged = native_samples(built, {name: task_docs for name, (task_docs, _) in docs.items()},
+                            {name: results[name].scored for name in docs}, prompt)
+    for name, samples in logged.items():
+        results[name].samples = samples
 
 
 def _work(cfg: EvalConfig, encoder: Encoder | MaskedEncoder, todo: list[Shard]) -> Work:

@@ -12,6 +12,7 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 from conftest import DATA, run_cli
+from lm_eval.utils import get_file_task_name
 
 from raylm.cli import build_parser
 
@@ -48,6 +49,9 @@ def test_demo_writes_results_and_samples(tmp_path):
         requests.column_names)
     docs = pq.read_table(out / "samples" / "hellaswag_docs.parquet")
     assert docs.num_rows == 10 and {"pred", "gold"} <= set(docs.column_names)
+    logs = {get_file_task_name(path.name): path for path in (out / "samples").glob("samples_*.jsonl")}
+    assert sorted(logs) == ["hellaswag", "wikitext", "winogrande"]  # lm-eval's jsonl for the native tasks too
+    assert [json.loads(line)["doc_id"] for line in logs["hellaswag"].read_text().splitlines()] == list(range(10))
     assert "hellaswag" in proc.stdout and "acc_norm" in proc.stdout
 
 

@@ -442,6 +442,31 @@ def golden_tasks(tmp_path_factory):
     return out
 
 
+def test_eval_command_line_takes_the_documented_flags(ray_session, tiny_llama, corpus, jsonl_scan, tmp_path, capsys):
+    """`raylm eval` with documented flags whose effects other tests check through EvalConfig (--decontaminate
+    above, --samples and --system-instruction against lm-eval's goldens, 4-bit loading, GPUs per actor): each
+    reaches the run from the command line, as results.json and the sample log show (tests/test_docs.py asks
+    that some test run every documented flag)."""
+    from raylm.cli import main
+
+    _, scan_dir, _, _, _ = jsonl_scan
+    chosen = [3, 0, 2]
+    out = tmp_path / "out"
+    assert main(["eval", "--model", str(tiny_llama), "--tasks", "winogrande", "--data-dir", str(DATA), "--samples",
+                 json.dumps({"winogrande": chosen}), "--system-instruction", "Pick one.", "--load-in-4bit",
+                 "--num-gpus", "0", "--decontaminate", str(scan_dir), "--output", str(out), "--log-samples",
+                 "--no-progress"]) == 0, capsys.readouterr().err[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    clean = [d for d in chosen if d not in corpus[1]["winogrande"]]
+    assert results["n-samples"]["winogrande"]["effective"] == 3
+    assert results["n-samples"]["winogrande"]["decontaminate"] == len(clean) < 3
+    assert results["config"]["quantization"] == "4bit" and results["config"]["num_gpus"] == 0
+    [log] = (out / "samples").glob("samples_winogrande_*.jsonl")
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [s["doc_id"] for s in logged] == sorted(chosen)
+    assert all(a["arg_0"].startswith("Pick one.") for s in logged for a in s["arguments"].values())
+
+
 def test_eval_decontaminate_end_to_end(ray_session, tiny_llama, local_tasks, golden_tasks, corpus, jsonl_scan):
     """`raylm eval --decontaminate` on actors, native and lm-eval tasks: each native task's `_decontaminate`
     metrics are those lm-eval's own task (the golden's) reports for raylm's scores of the clean documents alone;

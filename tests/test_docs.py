@@ -6,10 +6,10 @@ blocks). Each command is then:
 - a raylm command (`raylm ...`, `python -m raylm ...`, or the raylm part of `ray job submit ... -- raylm ...`):
   parsed by raylm's real parser into its settings (an eval's EvalConfig built and validated, a sweep file loaded, a
   probe file read), and, where it would run offline here (a local model or --demo), every path it names must
-  exist. It is not run: what each such command does is proven by the tests of that command (tests/test_cli.py
-  runs the demo and --log-samples, tests/test_resume.py a killed and resumed run, tests/test_contamination.py
-  the scan and --decontaminate, tests/test_corpus.py ppl, tests/test_lowp_lmeval.py bfloat16, tests/
-  test_chat_template.py a system instruction), and running the page's copy proved nothing those do not;
+  exist. It is not run, because running the page's copy proves nothing the tests of that command do not; and
+  that is checked, not assumed: some test in tests/ must run the same subcommand with each flag the page's
+  command uses (flags_run_by_tests() reads every raylm command line the tests run: main([...]), run_cli(...) and
+  `-m raylm` argv lists, with the names, helpers and parametrize values they are built from);
 - `python - <<'EOF' ...`: run (a page's own script, which nothing else runs); `python -c ...`: compiled;
 - else one of the commands exercised elsewhere (EXERCISED_ELSEWHERE: installs and the suite by .ci/run, the
   benchmarks by their own runs, cluster launchers needing a cluster), whose files must exist. Anything else fails.
@@ -22,6 +22,7 @@ and docs/switching-from-lm-eval.md's flag table names every lm-eval flag raylm r
 from __future__ import annotations
 
 import ast
+import functools
 import glob
 import importlib
 import io
@@ -241,6 +242,221 @@ def test_every_shown_command_is_parsed_run_or_exercised_elsewhere(ran):
               kind in ("ran", "parsed")]
     assert not failed, failed
     assert any(kind == "parsed" for _, _, kind, _ in ran)
+
+
+class _TestModule:
+    """One tests/*.py file as the reader of its raylm command lines needs it: its top-level functions,
+    assignments and names imported from other test modules."""
+
+    def __init__(self, path: Path):
+        self.name = path.stem
+        self.tree = ast.parse(path.read_text())
+        self.functions = {n.name: n for n in self.tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        values: dict[str, list[ast.AST]] = {}
+        for node in self.tree.body:
+            for name, value in _bindings(node):
+                values.setdefault(name, []).append(value)
+        self.assigned = {name: ast.Tuple(elts=elts) for name, elts in values.items()}  # one node per name
+        self.imported = {alias.asname or alias.name: (node.module, alias.name) for node in self.tree.body
+                         if isinstance(node, ast.ImportFrom) and node.module and "." not in node.module
+                         for alias in node.names}
+
+
+def _bindings(node: ast.AST) -> list[tuple[str, ast.AST]]:
+    """(name, value) for what an assignment or a for loop binds (a tuple target: the matching element where the
+    value is a tuple too, else the whole value)."""
+    if isinstance(node, ast.Assign):
+        pairs = [(target, node.value) for target in node.targets]
+    elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+        pairs = [(node.target, node.value)]
+    elif isinstance(node, ast.For):
+        pairs = [(node.target, node.iter)]
+    else:
+        return []
+    out = []
+    for target, value in pairs:
+        if isinstance(target, ast.Name):
+            out.append((target.id, value))
+        elif isinstance(target, ast.Tuple):
+            same = isinstance(value, ast.Tuple) and len(value.elts) == len(target.elts)
+            out += [(t.id, value.elts[i] if same else value) for i, t in enumerate(target.elts)
+                    if isinstance(t, ast.Name)]
+    return out
+
+
+class _Reader:
+    """The strings a command line expression can hold: literals, and what the names, helper calls, parametrize
+    values and fixtures it is built from hold (f-strings and paths are values, never flags, and are skipped)."""
+
+    def __init__(self, modules: dict[str, _TestModule]):
+        self.modules = modules
+        self.seen: set[tuple[str, int]] = set()
+
+    def strings(self, node: ast.AST, module: _TestModule, function: ast.AST | None) -> list[str]:
+        key = (module.name, id(node))
+        if key in self.seen:
+            return []
+        self.seen.add(key)
+        try:
+            return self._strings(node, module, function)
+        finally:
+            self.seen.discard(key)
+
+    def _strings(self, node: ast.AST, module: _TestModule, function: ast.AST | None) -> list[str]:
+        def each(nodes) -> list[str]:
+            return [s for n in nodes if n is not None for s in self.strings(n, module, function)]
+
+        if isinstance(node, ast.Constant):
+            return [node.value] if isinstance(node.value, str) else []
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            return each(node.elts)
+        if isinstance(node, ast.Dict):
+            return each(node.values)
+        if isinstance(node, (ast.Starred, ast.Subscript)):
+            return each([node.value])
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            return each([node.left, node.right])
+        if isinstance(node, ast.IfExp):
+            return each([node.body, node.orelse])
+        if isinstance(node, (ast.ListComp, ast.GeneratorExp)):
+            return each([node.elt, *(g.iter for g in node.generators)])
+        if isinstance(node, ast.Call):
+            arguments = each([*node.args, *(k.value for k in node.keywords)])
+            if isinstance(node.func, ast.Attribute):
+                return each([node.func.value]) + arguments
+            if isinstance(node.func, ast.Name):
+                return self._returned(node.func.id, module) + arguments
+            return arguments
+        if isinstance(node, ast.Name):
+            return self._named(node.id, module, function)
+        return []
+
+    def _returned(self, name: str, module: _TestModule) -> list[str]:
+        """What a helper function defined in, or imported into, the module returns."""
+        found = self._lookup(name, module)
+        if found is None or not isinstance(found[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return []
+        where, helper = found
+        return [s for n in ast.walk(helper) if isinstance(n, (ast.Return, ast.Yield)) and n.value is not None
+                for s in self.strings(n.value, where, helper)]
+
+    def _lookup(self, name: str, module: _TestModule) -> tuple[_TestModule, ast.AST] | None:
+        if name in module.functions:
+            return module, module.functions[name]
+        if name in module.imported and module.imported[name][0] in self.modules:
+            other = self.modules[module.imported[name][0]]
+            return self._lookup(module.imported[name][1], other)
+        if name in module.assigned:
+            return module, module.assigned[name]
+        conftest = self.modules["conftest"]
+        if module is not conftest and name in conftest.functions:
+            return conftest, conftest.functions[name]  # a fixture
+        return None
+
+    def _named(self, name: str, module: _TestModule, function: ast.AST | None) -> list[str]:
+        if function is not None:
+            local = [value for node in ast.walk(function) for bound, value in _bindings(node) if bound == name]
+            if local:
+                return [s for value in local for s in self.strings(value, module, function)]
+            for decorator in getattr(function, "decorator_list", []):
+                if (isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Attribute) and
+                        decorator.func.attr == "parametrize" and len(decorator.args) >= 2 and
+                        isinstance(decorator.args[0], ast.Constant) and
+                        name in re.split(r"\s*,\s*", decorator.args[0].value)):
+                    return self.strings(decorator.args[1], module, None)
+        found = self._lookup(name, module)
+        if found is None:
+            return []
+        where, value = found
+        if isinstance(value, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return self._returned(value.name, where)  # a fixture: what it returns
+        return self.strings(value, where, None)
+
+
+def command_lines_in_tests() -> list[list[str]]:
+    """The strings of every raylm command line a test runs: main([...]) (raylm.cli's), run_cli(...), and an argv
+    list holding "raylm" (what follows it)."""
+    modules = {path.stem: _TestModule(path) for path in sorted(REPO.glob("tests/*.py"))}
+    reader = _Reader(modules)
+    out = []
+    for module in modules.values():
+        if module.name == "test_docs":
+            continue
+        runs_main = any(isinstance(n, ast.ImportFrom) and n.module == "raylm.cli" and
+                        any(a.name == "main" for a in n.names) for n in ast.walk(module.tree))
+        functions = [n for n in ast.walk(module.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for function in [None, *functions]:
+            body = function.body if function is not None else [n for n in module.tree.body if not isinstance(
+                n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+            for node in (n for statement in body for n in ast.walk(statement)):
+                argv: list[ast.AST] = []
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and (
+                        node.func.id == "run_cli" or node.func.id == "main" and runs_main):
+                    argv = node.args
+                elif isinstance(node, ast.List):
+                    words = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+                    if "raylm" in words:
+                        argv = node.elts[words.index("raylm") + 1:]
+                if argv:
+                    out.append([s for a in argv for s in reader.strings(a, module, function)])
+    return out
+
+
+def option_names(command: str, words: list[str]) -> set[str]:
+    """The options raylm `command` reads from these words, each by its long name (lm-eval's spellings of `raylm
+    eval`'s flags read as the flags they stand for); words that are no option of the command (values, refused
+    flags) are none."""
+    from raylm.cli import eval_options
+    from raylm.cli.lmeval import translate
+    from raylm.errors import RaylmError
+
+    parser = _parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices[command]
+    out = set()
+    for word in words:
+        if not word.startswith("-"):
+            continue
+        try:
+            [word] = translate([command, word], eval_options(parser))[1:]
+        except RaylmError:
+            continue
+        action = sub._option_string_actions.get(word.split("=", 1)[0])
+        if action is not None and action.dest != "help":
+            out.add(next(o for o in action.option_strings if o.startswith("--")))
+    return out
+
+
+@functools.cache
+def _parser():
+    from raylm.cli import build_parser
+
+    return build_parser()
+
+
+@functools.cache
+def flags_run_by_tests() -> dict[str, set[str]]:
+    """Per raylm subcommand, the options some test runs it with."""
+    out: dict[str, set[str]] = {}
+    for words in command_lines_in_tests():
+        for command in {w for w in words if w in COMMANDS}:
+            out.setdefault(command, set()).update(option_names(command, words))
+    return out
+
+
+def test_every_documented_command_s_flags_are_run_by_a_test(ran):
+    """A page's raylm command is parsed, not run: so some test must run its subcommand with each of its flags."""
+    untested = []
+    for page, argv, kind, _ in ran:
+        words = raylm_part(without_timeout(split_env(argv)[1]))
+        if kind != "parsed" or not words or "--help" in words or "-h" in words:
+            continue
+        tested = flags_run_by_tests().get(words[0])
+        if tested is None:
+            untested.append(f"{page}: `{' '.join(argv)}`: no test runs `raylm {words[0]}`")
+            continue
+        untested += [f"{page}: `{' '.join(argv)}`: no test runs `raylm {words[0]}` with {flag}"
+                     for flag in sorted(option_names(words[0], words[1:]) - tested)]
+    assert not untested, "\n".join(untested)
 
 
 def test_files_named_by_commands_run_elsewhere_exist(ran):

@@ -255,7 +255,7 @@ def test_an_lm_eval_command_line_runs_end_to_end_and_records_the_template(env, r
     out = tmp_path / "out"
     argv = ["eval", "--model", "hf", "--model_args", f"pretrained={env['models']['chat']},dtype=float32",
             "--tasks", "hellaswag,arc_easy_local", "--include_path", str(env["tasks"]), "--data-dir",
-            str(env["data"]), "--apply_chat_template", "--num_fewshot", "2", "--limit", "8", "--output_path",
+            str(env["data"]), "--apply_chat_template", "--fewshot_as_multiturn", "--num_fewshot", "2", "--limit", "8", "--output_path",
             str(out), "--log_samples", "--no-progress"]
     assert main(argv) == 0
     written = json.loads((out / "results.json").read_text())

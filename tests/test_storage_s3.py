@@ -189,7 +189,7 @@ def test_ppl_and_kl_write_to_s3(ray_session, tiny_llama, s3, tmp_path, capsys):
     data = tmp_path / "corpus.jsonl"
     lines = [line for line in (DATA / "wikitext-2" / "valid.txt").read_text().splitlines() if line.strip()][:4]
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in lines))
-    for command, extra in (("ppl", []), ("kl", ["--model-b", str(tiny_llama)])):
+    for command, extra, docs in (("ppl", ["--limit-docs", "3"], 3), ("kl", ["--model-b", str(tiny_llama)], 4)):
         out = f"{s3}/{command}"
         assert main([command, "--model", str(tiny_llama), *extra, "--data", str(data), "--max-length", "32",
                      "--actors", "1", "--output", out, "--no-progress"]) == 0
@@ -197,7 +197,7 @@ def test_ppl_and_kl_write_to_s3(ray_session, tiny_llama, s3, tmp_path, capsys):
         stored = read_json(f"{out}/results.json")["results"][command]
         shown = printed_values(printed, command)
         assert shown and shown == pytest.approx({k: stored[k] for k in shown}, rel=1e-5)
-        assert read_parquet(f"{out}/samples/{command}.parquet").num_rows == 4
+        assert read_parquet(f"{out}/samples/{command}.parquet").num_rows == docs == stored["docs"]
         assert f"results written to {out}/results.json" in printed
 
 

@@ -108,7 +108,7 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     add_output_option(ev, Path("raylm-out"), "results.json and the checkpoint a rerun resumes from")
     ev.add_argument("--overwrite", action="store_true", help="discard results a different run left in --output")
     ev.add_argument("--log-samples", action="store_true",
-                    help="also write per-request samples as Parquet (lm-eval tasks' also as lm-eval's jsonl)")
+                    help="also write per-request samples as Parquet, and every task's as lm-eval's jsonl")
     ev.add_argument("--seed", type=_seeds, default=DEFAULT_SEEDS,
                     help="lm-eval's --seed: S for all of random,numpy,torch,fewshot, or four values "
                          f"(default {','.join(map(str, DEFAULT_SEEDS))})")

@@ -47,6 +47,7 @@ class TaskResult:
     scored: pa.Table
     decontaminated: dict[str, float] | None = None  # a native task's `_decontaminate` metrics (lm-eval's: in metrics)
     n_clean: int | None = None  # documents the `_decontaminate` metrics are computed on
+    samples: list[dict[str, Any]] | None = None  # a native task's samples as lm-eval logs them (--log-samples)
 
 
 @dataclass
@@ -172,9 +173,9 @@ def run_summary(extra: dict[str, object], wall_s: float) -> str:
 
 def write_samples(out_dir: str | os.PathLike[str] | Location, result: EvalResult) -> None:
     """samples/<task>.parquet per request; samples/<task>_docs.parquet per document for multiple choice and, with
-    lm-eval's logged samples, for every lm-eval task, also as lm-eval's own samples/samples_<task>_<date>.jsonl
+    lm-eval's logged samples, for every lm-eval task; every task's logged samples (a native task's where lm-eval
+    logged them: raylm.results.native_logs) also as lm-eval's own samples/samples_<task>_<date>.jsonl
     (raylm.results.sample_logs); each file written atomically."""
-    lmeval_tasks = [name for name, task in result.tasks.items() if task.kind == LMEVAL_KIND]
     out_dir = location(out_dir)
     for name, task in result.tasks.items():
         path = out_dir / "samples" / f"{name}.parquet"
@@ -188,10 +189,12 @@ def write_samples(out_dir: str | os.PathLike[str] | Location, result: EvalResult
                              "acc": (p.pred == p.gold).astype("int8"),
                              "acc_norm": (p.pred_norm == p.gold).astype("int8")})
             write_parquet_atomic(out_dir / "samples" / f"{name}_docs.parquet", tagged(docs))
-    if lmeval_tasks:
+    logged = {name: result.lmeval["samples"][name] if task.kind == LMEVAL_KIND else task.samples
+              for name, task in result.tasks.items() if task.kind == LMEVAL_KIND or task.samples is not None}
+    if logged:
         from raylm.results.sample_logs import date_id, write_sample_logs
 
-        write_sample_logs(out_dir, {name: result.lmeval["samples"][name] for name in lmeval_tasks}, date_id())
+        write_sample_logs(out_dir, logged, date_id())
 
 
 def _write_lmeval_samples(path: Location, result: EvalResult, name: str) -> None:

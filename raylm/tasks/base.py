@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from raylm.data.rows import Row
 from raylm.errors import RaylmError
 
 # lm-eval's defaults, which its hellaswag and winogrande keep: question and answer joined by a space, few-shot
@@ -78,6 +79,10 @@ class Task:
     load_docs: Callable[[Path | None], list[Doc]]
     load_fewshot_pool: Callable[[Path | None], list[ChoiceDoc]] | None = None
     choice_metrics: tuple[str, ...] = ("acc", "acc_norm")
+    # The rows the documents and the few-shot pool are made from, as lm-eval's own task of this name would read
+    # them: its counterpart is built on these (raylm.tasks.lmeval.counterparts) for what lm-eval logs of a doc.
+    load_rows: Callable[[Path | None], list[Row]] | None = None
+    load_pool_rows: Callable[[Path | None], list[Row]] | None = None
 
 
 def with_fewshot(task: Task, docs: list[ChoiceDoc], pool: list[ChoiceDoc], k: int, seed: int) -> list[ChoiceDoc]:

@@ -47,16 +47,27 @@ def _docs(rows: list[Row]) -> list[ChoiceDoc]:
     return [doc_from_row(i, row) for i, row in enumerate(rows)]
 
 
-def load_docs(data_dir: Path | None) -> list[ChoiceDoc]:
+def _rows(data_dir: Path | None, split: str) -> list[Row]:
     if data_dir is None:
-        return _docs(read_hub("Rowan/hellaswag", None, "validation"))
-    return _docs(read_jsonl(data_dir / "hellaswag" / "validation.jsonl"))
+        return read_hub("Rowan/hellaswag", None, split)
+    return read_jsonl(data_dir / "hellaswag" / f"{split}.jsonl")
+
+
+def load_rows(data_dir: Path | None) -> list[Row]:
+    return _rows(data_dir, "validation")
+
+
+def load_pool_rows(data_dir: Path | None) -> list[Row]:
+    return _rows(data_dir, "train")
+
+
+def load_docs(data_dir: Path | None) -> list[ChoiceDoc]:
+    return _docs(load_rows(data_dir))
 
 
 def load_fewshot_pool(data_dir: Path | None) -> list[ChoiceDoc]:
-    if data_dir is None:
-        return _docs(read_hub("Rowan/hellaswag", None, "train"))
-    return _docs(read_jsonl(data_dir / "hellaswag" / "train.jsonl"))
+    return _docs(load_pool_rows(data_dir))
 
 
-TASK = Task("hellaswag", "multiple_choice", load_docs, load_fewshot_pool)
+TASK = Task("hellaswag", "multiple_choice", load_docs, load_fewshot_pool, load_rows=load_rows,
+            load_pool_rows=load_pool_rows)

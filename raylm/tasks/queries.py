@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raylm.data.rows import read_hub, read_jsonl, read_text_lines
-from raylm.tasks import hellaswag, wikitext
+from raylm.tasks import hellaswag, wikitext, winogrande
 from raylm.tasks.base import ChoiceDoc
 
 # How each native task's query is defined, as lm-eval's counterpart states it (for reports and the docs).
@@ -32,12 +31,7 @@ def native_queries(name: str, data_dir: Path | None) -> list[str]:
     if name == "hellaswag":
         return [doc.contexts[0] for doc in hellaswag.load_docs(data_dir) if isinstance(doc, ChoiceDoc)]
     if name == "winogrande":
-        rows = (read_hub("allenai/winogrande", "winogrande_xl", "validation") if data_dir is None
-                else read_jsonl(data_dir / "winogrande" / "dev.jsonl"))
-        return [row.get("sentence", str) for row in rows]
+        return [row.get("sentence", str) for row in winogrande.load_rows(data_dir)]
     if name == "wikitext":
-        if data_dir is None:
-            rows = read_hub("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", "test")
-            return [row.get("page", str) for row in rows]
-        return wikitext.split_pages(read_text_lines(data_dir / "wikitext-2" / "test.txt"))
+        return [row.get("page", str) for row in wikitext.load_rows(data_dir)]
     raise KeyError(name)

@@ -51,12 +51,18 @@ def doc_from_page(doc_id: int, page: str) -> TextDoc:
     return TextDoc(doc_id, detokenize(page), len(re.split(r"\s+", page)), len(page.encode("utf-8")))
 
 
-def load_docs(data_dir: Path | None) -> list[TextDoc]:
+def load_rows(data_dir: Path | None) -> list[Row]:
+    """Rows of one field, `page`, as lm-eval's wikitext task reads them: the hub's document-level pages, or the
+    pages of --data-dir's tokenized test.txt (split_pages), one row per page."""
     if data_dir is None:
-        rows = read_hub("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", "test")
-        return [doc_from_page(i, _page(row)) for i, row in enumerate(rows)]
-    pages = split_pages(read_text_lines(data_dir / "wikitext-2" / "test.txt"))
-    return [doc_from_page(i, page) for i, page in enumerate(pages)]
+        return read_hub("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", "test")
+    path = data_dir / "wikitext-2" / "test.txt"
+    return [Row(str(path), number, {"page": page})
+            for number, page in enumerate(split_pages(read_text_lines(path)), 1)]
+
+
+def load_docs(data_dir: Path | None) -> list[TextDoc]:
+    return [doc_from_page(i, _page(row)) for i, row in enumerate(load_rows(data_dir))]
 
 
 def _page(row: Row) -> str:
@@ -66,4 +72,4 @@ def _page(row: Row) -> str:
     return page
 
 
-TASK = Task("wikitext", "rolling", load_docs)
+TASK = Task("wikitext", "rolling", load_docs, load_rows=load_rows)

@@ -35,19 +35,28 @@ def _docs(rows: list[Row]) -> list[ChoiceDoc]:
     return [doc_from_row(i, row) for i, row in enumerate(rows)]
 
 
-def load_docs(data_dir: Path | None) -> list[ChoiceDoc]:
+def load_rows(data_dir: Path | None) -> list[Row]:
     if data_dir is None:
-        return _docs(read_hub("allenai/winogrande", "winogrande_xl", "validation"))
-    return _docs(read_jsonl(data_dir / "winogrande" / "dev.jsonl"))
+        return read_hub("allenai/winogrande", "winogrande_xl", "validation")
+    return read_jsonl(data_dir / "winogrande" / "dev.jsonl")
 
 
-def load_fewshot_pool(data_dir: Path | None) -> list[ChoiceDoc]:
+def load_pool_rows(data_dir: Path | None) -> list[Row]:
     if data_dir is None:
-        return _docs(read_hub("allenai/winogrande", "winogrande_xl", "train"))
+        return read_hub("allenai/winogrande", "winogrande_xl", "train")
     for name in TRAIN_FILES:
         if (data_dir / "winogrande" / name).is_file():
-            return _docs(read_jsonl(data_dir / "winogrande" / name))
+            return read_jsonl(data_dir / "winogrande" / name)
     raise InputError(str(data_dir / "winogrande"), f"no few-shot training file (looked for {', '.join(TRAIN_FILES)})")
 
 
-TASK = Task("winogrande", "multiple_choice", load_docs, load_fewshot_pool, choice_metrics=("acc",))
+def load_docs(data_dir: Path | None) -> list[ChoiceDoc]:
+    return _docs(load_rows(data_dir))
+
+
+def load_fewshot_pool(data_dir: Path | None) -> list[ChoiceDoc]:
+    return _docs(load_pool_rows(data_dir))
+
+
+TASK = Task("winogrande", "multiple_choice", load_docs, load_fewshot_pool, choice_metrics=("acc",),
+            load_rows=load_rows, load_pool_rows=load_pool_rows)
