@@ -11,6 +11,7 @@ from collections import Counter
 import lm_eval
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet  # noqa: F401  (pa.parquet)
 import pytest
 from generation_tasks import write_generation_tasks
 from lm_eval.api.model import LM
@@ -203,3 +204,48 @@ def test_unimplemented_generation_arguments_are_refused_in_one_line(tiny_gpt2):
     with pytest.raises(RaylmError, match=r"^model 'm': its generation_config sets repetition_penalty=1.1, which "):
         ModelSampling.of(GenerationConfig(repetition_penalty=1.1), "m")
     assert ModelSampling.of(GenerationConfig(top_k=20, top_p=0.9), "m") == ModelSampling(1.0, 20, 0.9)
+
+
+def test_a_mixed_gsm8k_group_on_an_actor_is_hflms_and_resumes_from_its_checkpoint(ray_session, tiny_gpt2, gen_tasks,
+                                                                                   tmp_path):
+    """The one run on a real actor: gsm8k (5-shot prompts cut to fit, greedy) beside a loglikelihood task in one
+    group, 2 documents in shards of one request; lm-eval's HFLM on the same model generates the same texts. A
+    second run resumes every shard, generations included, from the checkpoint."""
+    import ray
+
+    from raylm.cluster.runtime import start_actors
+    from raylm.config import EvalConfig
+    from raylm.evaluate import evaluate
+    from raylm.models.spec import ModelSpec
+    from raylm.results.report import write_samples
+
+    spec = ModelSpec(str(tiny_gpt2), dtype="float32", device="cpu")
+    cfg = EvalConfig(spec, ("gen_mixed_local",), include_path=gen_tasks, limit=2, shard_requests=1, progress=False,
+                     output=tmp_path / "out", log_samples=True, bootstrap_iters=0, gen_kwargs={"max_gen_toks": 12})
+    actors = start_actors(spec, 1, None)
+    try:
+        first = evaluate(cfg, actors)
+        again = evaluate(cfg, actors)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+    lm = HFLM(pretrained=str(tiny_gpt2), device="cpu", batch_size=1, dtype="float32")
+    theirs = lm_eval.simple_evaluate(model=lm, tasks=["gen_mixed_local"], limit=2, bootstrap_iters=0,
+                                     task_manager=TaskManager(include_path=str(gen_tasks), include_defaults=False),
+                                     gen_kwargs={"max_gen_toks": 12}, log_samples=True)
+    ours = first.lmeval
+    assert [s["resps"] for s in ours["samples"]["gsm8k_local"]] == \
+        [s["resps"] for s in theirs["samples"]["gsm8k_local"]]
+    assert [s["filtered_resps"] for s in ours["samples"]["gsm8k_local"]] == \
+        [s["filtered_resps"] for s in theirs["samples"]["gsm8k_local"]]
+    assert ours["results"]["gsm8k_local"] == theirs["results"]["gsm8k_local"]
+    assert ours["results"]["gsm8k_ll_local"]["acc,none"] == theirs["results"]["gsm8k_ll_local"]["acc,none"]
+    assert ours["results"]["gsm8k_ll_local"]["perplexity,none"] == \
+        pytest.approx(theirs["results"]["gsm8k_ll_local"]["perplexity,none"], rel=1e-5)
+    assert first.tasks["gsm8k_local"].sums["docs"] == 2 and first.tasks["gsm8k_local"].sums["generated_tokens"] > 0
+    assert first.extra["shards"] == 4 and again.extra["shards_resumed"] == 4 and again.extra["requests_scored"] == 0
+    assert again.lmeval["samples"]["gsm8k_local"] == ours["samples"]["gsm8k_local"]
+    write_samples(tmp_path / "out", first)
+    docs = pa.parquet.read_table(tmp_path / "out" / "samples" / "gsm8k_local_docs.parquet")
+    assert docs["resps"].to_pylist()[:2] == [s["resps"] for s in ours["samples"]["gsm8k_local"]][:2]
+    assert len(list((tmp_path / "out" / "samples").glob("samples_gsm8k_local_*.jsonl"))) == 1
