@@ -122,7 +122,7 @@ class EvalConfig:
         if self.gen_kwargs:
             from raylm.requests.generation import check_gen_kwargs
 
-            check_gen_kwargs(self.gen_kwargs, "--gen_kwargs")
+            check_gen_kwargs(self.gen_kwargs, "gen_kwargs")
         if self.num_fewshot is not None and self.num_fewshot < 0:
             raise RaylmError(f"--num-fewshot must be 0 or more, got {self.num_fewshot}")
         if self.actors is not None and self.actors < 1:

@@ -208,11 +208,13 @@ def test_unimplemented_generation_arguments_are_refused_in_one_line(tiny_gpt2):
 
 def test_a_mixed_gsm8k_group_on_an_actor_is_hflms_and_resumes_from_its_checkpoint(ray_session, tiny_gpt2, gen_tasks,
                                                                                    tmp_path):
-    """The one run on a real actor: gsm8k (5-shot prompts cut to fit, greedy) beside a loglikelihood task in one
-    group, 2 documents in shards of one request; lm-eval's HFLM on the same model generates the same texts. A
-    second run resumes every shard, generations included, from the checkpoint."""
+    """The one run on real actors: gsm8k (5-shot prompts cut to fit, greedy) beside a loglikelihood task in one
+    group, 2 documents in shards of one request; lm-eval's HFLM on the same model generates the same texts, and
+    so does RayLM under lm-eval's simple_evaluate. A second run resumes every shard, generations included, from
+    the checkpoint."""
     import ray
 
+    from raylm.api import RayLM
     from raylm.cluster.runtime import start_actors
     from raylm.config import EvalConfig
     from raylm.evaluate import evaluate
@@ -229,6 +231,11 @@ def test_a_mixed_gsm8k_group_on_an_actor_is_hflms_and_resumes_from_its_checkpoin
     finally:
         for actor in actors:
             ray.kill(actor)
+    with RayLM(pretrained=str(tiny_gpt2), actors=1, dtype="float32", device="cpu") as ray_lm:
+        via_api = lm_eval.simple_evaluate(model=ray_lm, tasks=["gsm8k_local"], limit=2, bootstrap_iters=0,
+                                          task_manager=TaskManager(include_path=str(gen_tasks),
+                                                                   include_defaults=False),
+                                          gen_kwargs={"max_gen_toks": 12}, log_samples=True)
     lm = HFLM(pretrained=str(tiny_gpt2), device="cpu", batch_size=1, dtype="float32")
     theirs = lm_eval.simple_evaluate(model=lm, tasks=["gen_mixed_local"], limit=2, bootstrap_iters=0,
                                      task_manager=TaskManager(include_path=str(gen_tasks), include_defaults=False),
@@ -239,6 +246,8 @@ def test_a_mixed_gsm8k_group_on_an_actor_is_hflms_and_resumes_from_its_checkpoin
     assert [s["filtered_resps"] for s in ours["samples"]["gsm8k_local"]] == \
         [s["filtered_resps"] for s in theirs["samples"]["gsm8k_local"]]
     assert ours["results"]["gsm8k_local"] == theirs["results"]["gsm8k_local"]
+    assert [s["resps"] for s in via_api["samples"]["gsm8k_local"]] == \
+        [s["resps"] for s in theirs["samples"]["gsm8k_local"]]
     assert ours["results"]["gsm8k_ll_local"]["acc,none"] == theirs["results"]["gsm8k_ll_local"]["acc,none"]
     assert ours["results"]["gsm8k_ll_local"]["perplexity,none"] == \
         pytest.approx(theirs["results"]["gsm8k_ll_local"]["perplexity,none"], rel=1e-5)

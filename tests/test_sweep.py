@@ -198,6 +198,18 @@ def test_max_length_key_sets_each_models_context(tmp_path):
     assert [m.spec.max_length for m in load_sweep(path).models] == [256, 512]
 
 
+def test_gen_kwargs_key_reaches_every_points_config(tmp_path):
+    """`gen_kwargs` is raylm eval's --gen-kwargs for every model and point; an argument raylm's generation engine
+    lacks is refused naming the file."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text("models: [gpt2]\ntasks: [hellaswag]\ngen_kwargs: {max_gen_toks: 32, temperature: 0.5}\n")
+    sweep = load_sweep(path)
+    assert sweep.config(sweep.models[0], sweep.points[0]).gen_kwargs == {"max_gen_toks": 32, "temperature": 0.5}
+    path.write_text("models: [gpt2]\ntasks: [hellaswag]\ngen_kwargs: {num_beams: 4}\n")
+    with pytest.raises(RaylmError, match=rf"^{path}: gen_kwargs: generation argument num_beams=4 is not "):
+        load_sweep(path)
+
+
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_sweep_file_names_line_and_key(tmp_path, case):
     text, expected = BAD[case]
