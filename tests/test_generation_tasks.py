@@ -210,8 +210,8 @@ def test_a_mixed_gsm8k_group_on_an_actor_is_hflms_and_resumes_from_its_checkpoin
                                                                                    tmp_path):
     """The one run on real actors: gsm8k (5-shot prompts cut to fit, greedy) beside a loglikelihood task in one
     group, 2 documents in shards of one request; lm-eval's HFLM on the same model generates the same texts, and
-    so does RayLM under lm-eval's simple_evaluate. A second run resumes every shard, generations included, from
-    the checkpoint."""
+    so does RayLM under lm-eval's simple_evaluate. A second run, its first generation shard's checkpoint gone,
+    resumes the other shards and generates that one again, to the same results."""
     import ray
 
     from raylm.api import RayLM
@@ -227,6 +227,8 @@ def test_a_mixed_gsm8k_group_on_an_actor_is_hflms_and_resumes_from_its_checkpoin
     actors = start_actors(spec, 1, None)
     try:
         first = evaluate(cfg, actors)
+        # as if the run had been killed before its first generation shard was checkpointed
+        (tmp_path / "out" / "checkpoint" / "shards" / "000000.parquet").unlink()
         again = evaluate(cfg, actors)
     finally:
         for actor in actors:
@@ -252,8 +254,10 @@ def test_a_mixed_gsm8k_group_on_an_actor_is_hflms_and_resumes_from_its_checkpoin
     assert ours["results"]["gsm8k_ll_local"]["perplexity,none"] == \
         pytest.approx(theirs["results"]["gsm8k_ll_local"]["perplexity,none"], rel=1e-5)
     assert first.tasks["gsm8k_local"].sums["docs"] == 2 and first.tasks["gsm8k_local"].sums["generated_tokens"] > 0
-    assert first.extra["shards"] == 4 and again.extra["shards_resumed"] == 4 and again.extra["requests_scored"] == 0
+    assert first.extra["shards"] == 4 and again.extra["shards_resumed"] == 3 and again.extra["requests_scored"] == 1
     assert again.lmeval["samples"]["gsm8k_local"] == ours["samples"]["gsm8k_local"]
+    assert again.lmeval["results"] == ours["results"]
+    assert "generation" in pa.parquet.read_table(tmp_path / "out" / "checkpoint" / "shards" / "000000.parquet").schema.names
     write_samples(tmp_path / "out", first)
     docs = pa.parquet.read_table(tmp_path / "out" / "samples" / "gsm8k_local_docs.parquet")
     assert docs["resps"].to_pylist()[:2] == [s["resps"] for s in ours["samples"]["gsm8k_local"]][:2]
