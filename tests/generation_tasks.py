@@ -2,7 +2,8 @@
 shared GSM8K (saved with `save_to_disk`), as a user passes them with --include-path.
 
 - gsm8k_local, gsm8k_cot_local: lm-eval's gsm8k and gsm8k_cot unchanged but for the data;
-- gsm8k_vote_local: gsm8k_cot_self_consistency (sampled, majority vote) at 8 repeats (its maj@8 filter needs 8) instead of 64;
+- gsm8k_vote_local: gsm8k_cot_self_consistency (sampled, majority vote) at 8 repeats instead of 64 (its maj@8
+  filter needs 8);
 - gsm8k_ll_local: a loglikelihood task on the same documents, and gen_mixed_local, a group of it and gsm8k_local.
 """
 

@@ -114,7 +114,8 @@ def test_raylms_results_for_fixed_generations_are_lm_evals_own(gen_tasks, names,
             scores.update(task_scores(task, "generate_until", pa.table({}), scored_generations(texts, task)))
     ours = results(built, scores, 200)
     theirs = lm_eval.simple_evaluate(model=ReplayLM(texts, scores, arguments), tasks=names,
-                                     task_manager=TaskManager(include_path=str(gen_tasks), include_defaults=False), limit=6,
+                                     task_manager=TaskManager(include_path=str(gen_tasks), include_defaults=False),
+                                     limit=6,
                                      bootstrap_iters=200, gen_kwargs=gen_kwargs, random_seed=SEEDS[0],
                                      numpy_random_seed=SEEDS[1], torch_random_seed=SEEDS[2],
                                      fewshot_random_seed=SEEDS[3])
@@ -134,8 +135,8 @@ def test_raylms_results_for_fixed_generations_are_lm_evals_own(gen_tasks, names,
         if task != "gsm8k_ll_local":
             assert docs["resps"].to_pylist() == [s["resps"] for s in samples]
             generations = requests_table(task, samples, scored_generations(texts, task))
-            assert generations["generations"].to_pylist() == [r for s in samples if s["filter"] == samples[0]["filter"]
-                                                              for r in s["resps"]]
+            first_filter = [s for s in samples if s["filter"] == samples[0]["filter"]]
+            assert generations["generations"].to_pylist() == [r for s in first_filter for r in s["resps"]]
         assert docs["filtered_resps"].to_pylist() == [json.dumps(s["filtered_resps"], ensure_ascii=False)
                                                       for s in samples]
 
@@ -257,8 +258,34 @@ def test_a_mixed_gsm8k_group_on_an_actor_is_hflms_and_resumes_from_its_checkpoin
     assert first.extra["shards"] == 4 and again.extra["shards_resumed"] == 3 and again.extra["requests_scored"] == 1
     assert again.lmeval["samples"]["gsm8k_local"] == ours["samples"]["gsm8k_local"]
     assert again.lmeval["results"] == ours["results"]
-    assert "generation" in pa.parquet.read_table(tmp_path / "out" / "checkpoint" / "shards" / "000000.parquet").schema.names
+    regenerated = pa.parquet.read_table(tmp_path / "out" / "checkpoint" / "shards" / "000000.parquet")
+    assert "generation" in regenerated.schema.names
     write_samples(tmp_path / "out", first)
     docs = pa.parquet.read_table(tmp_path / "out" / "samples" / "gsm8k_local_docs.parquet")
     assert docs["resps"].to_pylist()[:2] == [s["resps"] for s in ours["samples"]["gsm8k_local"]][:2]
     assert len(list((tmp_path / "out" / "samples").glob("samples_gsm8k_local_*.jsonl"))) == 1
+
+
+def test_chat_prompts_are_hflms_and_encoded_without_a_second_bos(gen_tasks, tmp_path):
+    """Under a chat template that writes BOS itself, the prompts (a user turn, the generation prompt) are the
+    ones lm-eval builds with HFLM's apply_chat_template, and encoded as tok_batch_encode encodes them: no
+    special tokens added, so BOS stays single."""
+    from parity_fixtures import LLAMA3_STYLE, chat_model
+
+    from raylm.requests.driver import prompt_format
+    from raylm.tasks.prompt import PromptFormat
+
+    lm = HFLM(pretrained=str(chat_model(tmp_path / "chat", LLAMA3_STYLE)), device="cpu", batch_size=1)
+    prompt = prompt_format(lm.tokenizer, apply_chat_template=True, multiturn=True)
+    room = {"max_gen_toks": 64}
+    ours = load_and_build(select(["gsm8k_local"], gen_tasks), SEEDS, 0, 3, prompt=prompt, gen_kwargs=room)
+    theirs = load_and_build(select(["gsm8k_local"], gen_tasks), SEEDS, 0, 3,
+                            prompt=PromptFormat(None, lm.apply_chat_template, True), gen_kwargs=room)
+    requests = ours.requests("gsm8k_local")
+    assert [r.arguments for r in requests] == [r.arguments for r in theirs.requests("gsm8k_local")]
+    prompts = [r.arguments[0] for r in requests]
+    assert all(p.startswith(lm.tokenizer.bos_token) and "<|start_header_id|>assistant" in p for p in prompts)
+    table, cut = generation_table(requests, Encoder(lm.tokenizer, lm.max_length), ModelSampling(), 0)
+    contexts = table["context"].to_pylist()
+    assert contexts == hflm_contexts(lm, prompts, lm.max_length - 64)
+    assert cut == 0 and [c.count(lm.tokenizer.bos_token_id) for c in contexts] == [1, 1, 1]
