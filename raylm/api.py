@@ -1,4 +1,4 @@
-"""raylm's actors under lm-eval's Python API: an `lm_eval.api.model.LM` whose likelihoods are scored on Ray.
+"""raylm's actors under lm-eval's Python API: an `lm_eval.api.model.LM` whose likelihoods and generations run on Ray.
 
     import lm_eval
     from raylm import RayLM
@@ -8,9 +8,8 @@
 
 `from raylm import RayLM` imports this module, which also registers the class as lm-eval's model "raylm", so
 `simple_evaluate(model="raylm", model_args="pretrained=...,actors=4")` works too. Everything but the model calls
-stays lm-eval's (task loading, prompts, metrics); the calls are tokenised as HFLM tokenises them, cut into shards
-and scored by model-resident actors, surviving dead actors as `raylm eval` does. `generate_until` is refused:
-raylm scores likelihoods.
+stays lm-eval's (task loading, prompts, gen_kwargs, metrics); the calls are tokenised as HFLM tokenises them, cut
+into shards and run by model-resident actors, surviving dead actors as `raylm eval` does.
 """
 
 from __future__ import annotations
@@ -31,11 +30,13 @@ from raylm.errors import RaylmError
 from raylm.models.chat import ChatTemplate
 from raylm.models.context import context_length
 from raylm.models.identity import pin_revision, scored_commit
-from raylm.models.loading import load_config, load_tokenizer, resolve_scorer
+from raylm.models.loading import load_config, load_generation_config, load_tokenizer, resolve_scorer
 from raylm.models.spec import ModelSpec, check_model_path
 from raylm.requests.encoding import Encoder
+from raylm.requests.generation import ModelSampling, generation_table, is_generation
 from raylm.requests.lmeval import describe_problems, request_table
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS, LMEVAL_KIND, make_shards
+from raylm.requests.table import warn_truncated
 from raylm.tasks.lmeval.build import Request
 
 
@@ -91,6 +92,7 @@ class RayLM(LM):
         recipe, n = plan_actors(self.spec, actors, parse_batch_size(batch_size), num_gpus)
         self._launched = LaunchedActors(recipe, n)
         self._ready = False
+        self._sampling: ModelSampling | None = None  # the model's generation defaults, read on the first generation
 
     @property
     def max_length(self) -> int:
@@ -153,7 +155,35 @@ class RayLM(LM):
         return totals
 
     def generate_until(self, requests: list[Instance]) -> list[str]:
-        raise RaylmError("raylm scores likelihoods only; generate_until tasks are not supported")
+        """Each request's generated text, in request order. lm-eval sends a request `repeats` times (the same
+        Instance): its sends are its repeats, each sampled from its own seed (raylm.requests.generation), drawn
+        from the torch seed simple_evaluate set, as `raylm eval` draws them from its own."""
+        import torch
+
+        first: dict[int, int] = {}  # id(Instance) -> its place among the distinct requests
+        distinct: list[Instance] = []
+        sends: list[tuple[int, int]] = []  # (distinct request, repeat) per position
+        counts: list[int] = []
+        for inst in requests:
+            k = first.setdefault(id(inst), len(distinct))
+            if k == len(distinct):
+                distinct.append(inst)
+                counts.append(0)
+            sends.append((k, counts[k]))
+            counts[k] += 1
+        rows = [Request(str(inst.task_name), inst.doc_id, inst.idx, inst.request_type, inst.args, n)
+                for inst, n in zip(distinct, counts)]
+        if self._sampling is None:
+            self._sampling = ModelSampling.of(load_generation_config(self.spec), self.spec.path)
+        table, cut = generation_table(rows, self.encoder, self._sampling, torch.initial_seed(),
+                                      keys=list(zip(self._groups(distinct), range(len(distinct)))))
+        warn_truncated("lm-eval requests", cut, self.max_length)
+        if table.num_rows == 0:
+            return []
+        scored = self._run(table)
+        texts = dict(zip(zip(scored["req_idx"].to_pylist(), scored["repeat"].to_pylist()),
+                         scored["generation"].to_pylist()))
+        return [texts[send] for send in sends]
 
     def close(self) -> None:
         """Stop the actors."""
@@ -165,15 +195,21 @@ class RayLM(LM):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _score(self, requests: list[Instance]) -> pa.Table:
-        """Score requests on the actors; rows come back sorted by request position (then window)."""
-        rows, group, previous = [], -1, None
-        for position, inst in enumerate(requests):
-            # Consecutive requests of one document share a group: shards never split it, and its shared prompt
-            # is scored once.
+    @staticmethod
+    def _groups(requests: list[Instance]) -> list[int]:
+        """A number per request that consecutive requests of one document share: shards never split a document,
+        and its shared prompt is run once."""
+        groups, group, previous = [], -1, None
+        for inst in requests:
             if (inst.task_name, inst.doc_id) != previous:
                 group, previous = group + 1, (inst.task_name, inst.doc_id)
-            rows.append(Request(str(inst.task_name), group, position, inst.request_type, inst.args))
+            groups.append(group)
+        return groups
+
+    def _score(self, requests: list[Instance]) -> pa.Table:
+        """Score requests on the actors; rows come back sorted by request position (then window)."""
+        rows = [Request(str(inst.task_name), group, position, inst.request_type, inst.args)
+                for position, (inst, group) in enumerate(zip(requests, self._groups(requests)))]
         table, problems = request_table(rows, self.encoder)
         if problems:
             where = [(str(requests[r.idx].task_name), requests[r.idx].doc_id, requests[r.idx].idx, why, n)
@@ -182,9 +218,15 @@ class RayLM(LM):
         if table.num_rows == 0:
             return table.append_column("loglikelihood", pa.array([], pa.float64())).append_column(
                 "is_greedy", pa.array([], pa.bool_()))
+        return self._run(table)
+
+    def _run(self, table: pa.Table) -> pa.Table:
+        """A request table run on the actors; rows come back sorted by request position (then window or
+        repeat)."""
         shards = make_shards({"lm-eval requests": (LMEVAL_KIND, table)}, self.shard_size)
         actors = self._launched.wait_ready() if not self._ready else self._launched.actors
         self._ready = True
         report = score_shards(actors, self._launched.recipe, shards, self.progress)
+        then = "repeat" if is_generation(table) else "window"
         return pa.concat_tables(r.table for r in report.results).sort_by(
-            [("req_idx", "ascending"), ("window", "ascending")])
+            [("req_idx", "ascending"), (then, "ascending")])

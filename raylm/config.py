@@ -67,6 +67,8 @@ class EvalConfig:
     fewshot_as_multiturn: bool | None = None
     system_instruction: str | None = None
     chat_template_args: dict[str, Any] | None = None
+    # lm-eval's --gen_kwargs: merged into every generate_until task's generation_kwargs, as simple_evaluate does
+    gen_kwargs: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # lm-eval evaluates --samples documents in file order whatever order they are listed in, and labels each
@@ -117,6 +119,10 @@ class EvalConfig:
             raise RaylmError("--fewshot-as-multiturn needs --apply-chat-template (as in lm-eval)")
         if self.chat_template_args and not self.apply_chat_template:
             raise RaylmError("chat_template_args apply only with --apply-chat-template")
+        if self.gen_kwargs:
+            from raylm.requests.generation import check_gen_kwargs
+
+            check_gen_kwargs(self.gen_kwargs, "gen_kwargs")
         if self.num_fewshot is not None and self.num_fewshot < 0:
             raise RaylmError(f"--num-fewshot must be 0 or more, got {self.num_fewshot}")
         if self.actors is not None and self.actors < 1:

@@ -36,7 +36,7 @@ from raylm.errors import RaylmError
 from raylm.models.identity import pin_revision, scored_commit
 from raylm.models.loading import parameter_count
 from raylm.models.spec import check_model_path
-from raylm.requests.driver import driver_encoder, prompt_format, scored_spec
+from raylm.requests.driver import driver_encoder, driver_sampling, prompt_format, scored_spec
 from raylm.requests.encoding import Encoder
 from raylm.requests.masked import MaskedEncoder
 from raylm.requests.native import Tables, encode_task_requests
@@ -124,7 +124,8 @@ def run_lmeval_requests(cfg: EvalConfig, selection: Selection, encoder: Encoder 
     from raylm.requests.lmeval import build_lmeval_requests
 
     return build_lmeval_requests(selection, encoder, prompt, tasks=cfg.tasks, seeds=cfg.seeds,
-                                 num_fewshot=cfg.num_fewshot, limit=cfg.limit, samples=cfg.samples)
+                                 num_fewshot=cfg.num_fewshot, limit=cfg.limit, samples=cfg.samples,
+                                 gen_kwargs=cfg.gen_kwargs, sampling=lambda: driver_sampling(cfg.model))
 
 
 def run_settings(cfg: EvalConfig) -> dict[str, Any]:

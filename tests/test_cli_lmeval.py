@@ -4,6 +4,7 @@ and the lm-eval flags raylm has no equivalent for are refused by name, in one li
 
 from __future__ import annotations
 
+import argparse
 import shlex
 from pathlib import Path
 
@@ -54,10 +55,17 @@ LINES = [
      {"chat_template_args": {"reasoning_effort": "low", "enable_thinking": False}}),
     ("lm_eval --model_args pretrained=gpt2 --model_args dtype=half --tasks wikitext --verbosity DEBUG",
      {"model.path": "gpt2", "model.dtype": "float16", "tasks": ("wikitext",)}),
+    # The issue's lm-eval line for sampled GSM8K, and lm-eval's JSON form.
+    ("lm_eval --model hf --model_args pretrained=gpt2 --tasks gsm8k --gen_kwargs temperature=0.8 top_p=0.95 "
+     "'until=[\"\\n\\n\"]' --gen_kwargs do_sample=True,max_gen_toks=32",
+     {"tasks": ("gsm8k",), "gen_kwargs": {"temperature": 0.8, "top_p": 0.95, "until": ["\n\n"], "do_sample": True,
+                                          "max_gen_toks": 32}}),
+    ("lm_eval --model_args pretrained=gpt2 --tasks gsm8k --gen_kwargs '{\"max_gen_toks\": 16, \"top_k\": 5}'",
+     {"gen_kwargs": {"max_gen_toks": 16, "top_k": 5}}),
 ]
 
 REFUSED = [
-    ("--model hf --model_args pretrained=gpt2 --tasks gsm8k --gen_kwargs temperature=0", "--gen_kwargs"),
+    ("--model hf --model_args pretrained=gpt2 --tasks gsm8k --gen_kwargs num_beams=4", "num_beams"),
     ("--model_args pretrained=gpt2 --tasks hellaswag --predict_only", "--predict_only"),
     ("--model_args pretrained=gpt2 --tasks hellaswag --use_cache /tmp/cache", "--use_cache"),
     ("--model_args pretrained=gpt2 --tasks hellaswag --cache_requests true", "--cache_requests"),
@@ -111,6 +119,18 @@ def test_lm_evals_rules_for_chat_and_selection_flags_are_kept(capsys):
             config_from_args(parse_args(["eval", *shlex.split(line)])).validate()
         text = str(raised.value) if raised.type is RaylmError else capsys.readouterr().err
         assert message in text, (line, text)
+
+
+@pytest.mark.parametrize("line", [line for line, expected in LINES if "gen_kwargs" in expected])
+def test_gen_kwargs_are_read_as_lm_evals_own_parser_reads_them(line):
+    """lm-eval's `run` parser (MergeDictAction) and raylm's give the same dict for the same tokens."""
+    from lm_eval._cli.run import Run
+
+    parser = argparse.ArgumentParser()
+    Run.create(parser.add_subparsers())
+    tokens = shlex.split(line)[1:]
+    theirs = parser.parse_args(["run", *tokens]).gen_kwargs
+    assert settings("lm_eval eval " + line[len("lm_eval "):])[1].gen_kwargs == theirs
 
 
 def test_samples_may_be_a_file(tmp_path):

@@ -114,21 +114,22 @@ def test_unknown_name_is_refused_with_close_matches(name, close, local_tasks):
     assert f"close matches: {close}" in message and "\n" not in message
 
 
-def test_generate_until_is_refused_in_one_line(local_tasks, tmp_path):
+def test_an_output_type_raylm_does_not_run_is_refused_in_one_line(local_tasks, tmp_path):
+    (tmp_path / "odd.yaml").write_text("task: odd_local\ndataset_path: arrow\noutput_type: rank_choices\n"
+                                       "doc_to_text: '{{question}}'\ndoc_to_target: '{{answer}}'\n")
     (tmp_path / "gen.yaml").write_text("task: gen_local\ndataset_path: arrow\noutput_type: generate_until\n"
                                        "doc_to_text: '{{question}}'\ndoc_to_target: '{{answer}}'\n")
     tasks = tmp_path / "tasks"
     tasks.mkdir()
-    (tasks / "group.yaml").write_text("group: mixed_local\ntask:\n  - gen_local\n")
-    with pytest.raises(RaylmError, match=r"^lm-eval task 'gen_local' has output_type generate_until; raylm "
-                                         r"scores likelihoods only \(multiple_choice, loglikelihood, "
-                                         r"loglikelihood_rolling\)$"):
-        select(["gen_local"], tmp_path)
-    with pytest.raises(RaylmError, match=r"^lm-eval task 'gen_local' \(in mixed_local > gen_local\) has output_type "
-                                         "generate_until"):
+    (tasks / "group.yaml").write_text("group: mixed_local\ntask:\n  - gen_local\n  - odd_local\n")
+    with pytest.raises(RaylmError, match=r"^lm-eval task 'odd_local' has output_type rank_choices; raylm runs "
+                                         r"multiple_choice, loglikelihood, loglikelihood_rolling, generate_until$"):
+        select(["odd_local"], tmp_path)
+    with pytest.raises(RaylmError, match=r"^lm-eval task 'odd_local' \(in mixed_local > odd_local\) has output_type "
+                                         "rank_choices"):
         select(["mixed_local"], tmp_path)
-    with pytest.raises(RaylmError, match="^lm-eval task 'gsm8k' has output_type generate_until"):
-        select(["gsm8k"], None)
+    assert select(["gen_local"], tmp_path).leaves == ["gen_local"]
+    assert select(["gsm8k"], None).leaves == ["gsm8k"]
 
 
 def test_without_the_tasks_extra_an_lm_eval_name_names_the_install_command(tmp_path):

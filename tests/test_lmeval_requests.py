@@ -43,9 +43,11 @@ def test_contexts_empty_or_of_whitespace_are_encoded_as_lm_evals_loglikelihood_e
 
 
 def fake_built(requests: dict[str, list[Request]]) -> SimpleNamespace:
-    """What request_tables reads of lm-eval's built tasks: each task's config and version, and its requests."""
+    """What request_tables reads of lm-eval's built tasks: each task's config, version and output type, and its
+    requests."""
     tasks = {name: SimpleNamespace(VERSION=1.0, dump_config=lambda name=name: {"task": name}) for name in requests}
-    return SimpleNamespace(tasks={"tasks": tasks}, requests=requests.__getitem__)
+    return SimpleNamespace(tasks={"tasks": tasks}, requests=requests.__getitem__,
+                           output_type=lambda name: requests[name][0].request_type)
 
 
 def test_a_context_encoded_to_no_token_is_refused_in_one_line_naming_the_request(tiny_gpt2):

@@ -198,6 +198,35 @@ def test_max_length_key_sets_each_models_context(tmp_path):
     assert [m.spec.max_length for m in load_sweep(path).models] == [256, 512]
 
 
+def test_gen_kwargs_key_reaches_every_points_config(tmp_path):
+    """`gen_kwargs` is raylm eval's --gen-kwargs for every model and point; an argument raylm's generation engine
+    lacks is refused naming the file."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text("models: [gpt2]\ntasks: [hellaswag]\ngen_kwargs: {max_gen_toks: 32, temperature: 0.5}\n")
+    sweep = load_sweep(path)
+    assert sweep.config(sweep.models[0], sweep.points[0]).gen_kwargs == {"max_gen_toks": 32, "temperature": 0.5}
+    path.write_text("models: [gpt2]\ntasks: [hellaswag]\ngen_kwargs: {num_beams: 4}\n")
+    with pytest.raises(RaylmError, match=rf"^{path}: gen_kwargs: generation argument num_beams=4 is not "):
+        load_sweep(path)
+
+
+def test_a_generation_tasks_filtered_metrics_reach_the_summary():
+    """lm-eval reports a generate_until task's metrics under its filters (gsm8k: exact_match,strict-match and
+    exact_match,flexible-extract), never under "none"; the summary shows each beside the likelihood tasks'."""
+    from raylm.sweep.summary import Row, summary_csv, summary_markdown
+
+    results = {"results": {
+        "gsm8k": {"alias": "gsm8k", "exact_match,strict-match": 0.25, "exact_match_stderr,strict-match": 0.1,
+                  "exact_match,flexible-extract": 0.5, "exact_match_stderr,flexible-extract": "N/A"},
+        "arc_easy": {"alias": "arc_easy", "acc,none": 0.75, "acc_stderr,none": 0.05}}, "config": {}}
+    rows = [Row("m", "p", Path("."), results)]
+    header = summary_markdown(rows).splitlines()[0]
+    assert header == "| model | point | gsm8k exact_match,strict-match | gsm8k exact_match,flexible-extract | " \
+                     "arc_easy acc |"
+    assert summary_markdown(rows).splitlines()[2] == "| m | p | 0.2500 ± 0.1000 | 0.5000 | 0.7500 ± 0.0500 |"
+    assert summary_csv(rows).splitlines()[1].endswith(",0.25,0.1,0.5,,0.75,0.05")
+
+
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_sweep_file_names_line_and_key(tmp_path, case):
     text, expected = BAD[case]

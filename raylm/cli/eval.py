@@ -62,7 +62,8 @@ def _bool(text: str) -> bool:
 
 
 def add_eval_command(sub: argparse._SubParsersAction) -> None:
-    ev = sub.add_parser("eval", help="score native and lm-evaluation-harness loglikelihood tasks")
+    ev = sub.add_parser("eval", help="score native tasks and lm-evaluation-harness tasks (likelihood and "
+                                     "generation)")
     ev.add_argument("--demo", action="store_true", help="packaged stories260K model and data samples, offline")
     ev.add_argument("--model", help="hub id or local directory (or lm-eval's model type hf, with --model-args)")
     ev.add_argument("--model-args", nargs="+", action=PairsAction, metavar="KEY=VALUE",
@@ -83,6 +84,9 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--system-instruction", metavar="TEXT", help="system instruction put before every prompt")
     ev.add_argument("--chat-template-args", nargs="+", action=PairsAction, metavar="KEY=VALUE",
                     help="extra arguments for the chat template, e.g. enable_thinking=false")
+    ev.add_argument("--gen-kwargs", nargs="+", action=PairsAction, metavar="KEY=VALUE",
+                    help="lm-eval's --gen_kwargs for its generate_until tasks: max_gen_toks=...,do_sample=...,"
+                         "temperature=...,top_k=...,top_p=...,until=[...], or a JSON object")
     ev.add_argument("--peft", metavar="PATH", help="adapter (local directory or hub id) loaded onto the model, as "
                                                    "HFLM's peft= (pip install -e \".[peft]\")")
     ev.add_argument("--add-bos-token", nargs="?", const=True, default=None, type=_bool, metavar="BOOL",
@@ -155,7 +159,8 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
                       metadata=parse_pairs(args.metadata, "--metadata") if args.metadata else None,
                       apply_chat_template=args.apply_chat_template, fewshot_as_multiturn=args.fewshot_as_multiturn,
                       system_instruction=args.system_instruction, chat_template_args=chat_args,
-                      placement_timeout_s=args.placement_timeout)
+                      placement_timeout_s=args.placement_timeout,
+                      gen_kwargs=parse_pairs(args.gen_kwargs, "--gen_kwargs") if args.gen_kwargs else None)
 
 
 def run_eval(args: argparse.Namespace) -> int:

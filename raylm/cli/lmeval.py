@@ -2,8 +2,8 @@
 runs unchanged as `raylm eval --model_args ... --tasks ...`.
 
 Two steps, both before argparse sees anything: `translate` rewrites lm-eval's flag spellings (`--num_fewshot`,
-`-f`, `--output_path`, ...) to raylm's and refuses, by name and in one line, the lm-eval flags raylm has no
-equivalent for (generation, caching, trackers); `apply_model_args` then spreads `--model_args` over raylm's own
+`-f`, `--output_path`, `--gen_kwargs`, ...) to raylm's and refuses, by name and in one line, the lm-eval flags
+raylm has no equivalent for (caching, trackers); `apply_model_args` then spreads `--model_args` over raylm's own
 settings (pretrained, dtype, revision, peft, ...), refusing keys raylm does not take and keys that contradict a
 flag. Values are read as lm-eval reads them (key=val pairs split on top-level commas, or one JSON object).
 """
@@ -26,7 +26,6 @@ RENAMED = {"--output_path": "--output", "-o": "--output", "-t": "--tasks", "-f":
            "-E": "--samples", "-v": "--verbosity"}
 # lm-eval 0.4.13 flags (`lm_eval run`) raylm does not take, and why: refused by name rather than ignored.
 REFUSED = {
-    "--gen_kwargs": "sets generation arguments; raylm scores loglikelihood tasks only",
     "--predict_only": "skips metrics; raylm always computes them (--log-samples keeps every prediction)",
     "-x": "(--predict_only) skips metrics; raylm always computes them (--log-samples keeps every prediction)",
     "--use_cache": "caches model responses in SQLite; raylm resumes from its own checkpoint under --output",

@@ -6,12 +6,15 @@ pseudo-log-likelihood scorer of raylm.scoring.mlm; which one, it decides from th
 does (raylm.models.loading.resolve_scorer), and a shard built for the other kind is refused. A causal model whose
 attention plan waits for a start-up check (one no test has proven) is checked once, on the first shard the actor
 is handed, so start-up itself is not slowed: until then and if the check disagrees, requests are scored one per
-row. Every ScoredShard carries the verdict for results.json.
+row. Every ScoredShard carries the verdict for results.json. A generation shard (raylm.requests.generation) goes to
+the generation engine (raylm.scoring.generation) instead, built with the tokenizer on the first such shard;
+`generate_shard` is its plain function.
 """
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,14 +26,19 @@ from raylm.cluster.failures import DeferredStartup
 from raylm.cluster.scored import ScoredShard
 from raylm.errors import RaylmError
 from raylm.models.context import context_length
-from raylm.models.loading import load_config, load_model, resolve_scorer
+from raylm.models.loading import load_config, load_model, load_tokenizer, resolve_scorer
 from raylm.models.spec import ModelSpec
+from raylm.requests.generation import is_generation
 from raylm.requests.masked import UNSCORED
+from raylm.requests.shards import LMEVAL_KIND
 from raylm.requests.table import MASKED_COLUMNS
 from raylm.scoring.mlm import MASKED_PREFIX_SHARING, MaskedScorer
 from raylm.scoring.scorer import RequestDoesNotFit, Scorer
 from raylm.scoring.startup_check import REAL_REQUESTS, checked_plan
 from raylm.scoring.sums import shard_sums
+
+if TYPE_CHECKING:
+    from raylm.scoring.generation import Generator
 
 
 def score_shard(scorer: Scorer | MaskedScorer, kind: str, shard: pa.Table) -> ScoredShard:
@@ -65,6 +73,29 @@ def score_shard(scorer: Scorer | MaskedScorer, kind: str, shard: pa.Table) -> Sc
     return ScoredShard(scored, shard_sums(kind, scored), os.getpid(), verdict, device, dtype, *tokens)
 
 
+def generate_shard(generator: Generator, shard: pa.Table, model: torch.nn.Module) -> ScoredShard:
+    """A generation shard (raylm.requests.generation) run through the generation engine: each row's text and new
+    token count, keyed as the row was, with the shard's documents and generated tokens as its sums and the prompt
+    tokens it held and prefilled (a shared prefix once) as its token counts."""
+    from raylm.scoring.generation import GenerationRequest
+
+    columns = [shard[name].to_pylist() for name in ("context", "until", "max_gen_toks", "do_sample", "temperature",
+                                                    "top_k", "top_p", "seed")]
+    requests = [GenerationRequest(tuple(context), tuple(until), max_gen_toks, do_sample, temperature, top_k, top_p,
+                                  seed)
+                for context, until, max_gen_toks, do_sample, temperature, top_k, top_p, seed in zip(*columns)]
+    in_requests, prefilled = generator.tokens_in_requests, generator.prefilled_tokens
+    generated = generator.generate(requests)
+    table = shard.select(["doc_id", "req_idx", "repeat"])
+    for name, column in (("generation", pa.array([g.text for g in generated], pa.string())),
+                         ("generated_tokens", pa.array([g.tokens for g in generated], pa.int32())),
+                         ("context_tokens", pc.list_value_length(shard["context"]))):
+        table = table.append_column(name, column)
+    device, dtype = loaded_as(model)
+    return ScoredShard(table, shard_sums(LMEVAL_KIND, table), os.getpid(), None, device, dtype,
+                       generator.tokens_in_requests - in_requests, generator.prefilled_tokens - prefilled)
+
+
 def loaded_as(model: torch.nn.Module) -> tuple[str, str]:
     """The device type and dtype the model computes in, as loaded: a quantised model's is its compute dtype."""
     parameter = next(model.parameters())
@@ -78,6 +109,8 @@ class ScoringActor(DeferredStartup):
     def start(self, spec: ModelSpec, threads: int, batch_size: int | None) -> None:
         torch.set_num_threads(threads)
         spec = device_here(spec)
+        self.spec, self.batch_size = spec, batch_size
+        self.generator: Generator | None = None  # built on the first generation shard: most runs have none
         config = load_config(spec)
         if resolve_scorer(spec, config) == "mlm":
             self.scorer: Scorer | MaskedScorer = MaskedScorer.from_spec(spec, batch_size)
@@ -97,15 +130,29 @@ class ScoringActor(DeferredStartup):
 
     def set_batch_size(self, batch_size: int | None) -> None:
         """Sweep points differ in batch size without being different models, so they must not reload it."""
-        self.scorer.batch_size = batch_size
+        self.scorer.batch_size = self.batch_size = batch_size
+        self.generator = None  # rebuilt at the new size on the next generation shard
 
     def score(self, kind: str, shard: pa.Table) -> ScoredShard:
         self.check_started()
+        if is_generation(shard):
+            return generate_shard(self._generator(), shard, self.scorer.model)
         if isinstance(self.scorer, Scorer) and self.scorer.plan.needs_check:
             head = shard.slice(0, REAL_REQUESTS)
             real = (head["context"].to_pylist(), head["continuation"].to_pylist())
             self.scorer.plan = checked_plan(self.scorer.model, self.scorer.max_length, self.scorer.plan, real)
         return score_shard(self.scorer, kind, shard)
+
+    def _generator(self) -> Generator:
+        """The model's generation engine, with the tokenizer it decodes with (loaded as the driver loads it)."""
+        if isinstance(self.scorer, MaskedScorer):
+            raise RaylmError("a generation shard reached a masked-LM actor; a masked LM cannot generate")
+        if self.generator is None:
+            # Imported here, not with the module: only an actor handed a generation shard needs the engine.
+            from raylm.scoring.generation import Generator
+
+            self.generator = Generator(self.scorer.model, load_tokenizer(self.spec), self.batch_size)
+        return self.generator
 
 
 RemoteScoringActor = ray.remote(ScoringActor)

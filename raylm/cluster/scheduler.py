@@ -100,6 +100,7 @@ class _Schedule:
         self.replaced = 0
         self.last_cause = "none"
         self.delay = shard_delay()
+        self.generated = {"docs": 0, "generated_tokens": 0}  # generation shards' documents and tokens, for the bar
 
     def run(self, progress: bool) -> ScheduleReport:
         try:
@@ -158,8 +159,14 @@ class _Schedule:
     def _accept(self, i: int, scored: ScoredShard, bar: tqdm) -> None:
         self.results[i] = scored
         bar.update(self.shards[i].table.num_rows)
-        if any(self.tries):
-            bar.set_postfix(retries=sum(self.tries), refresh=False)
+        if "generated_tokens" in scored.sums:
+            self.generated["docs"] += int(scored.sums["docs"])
+            self.generated["generated_tokens"] += int(scored.sums["generated_tokens"])
+        postfix = {**({"retries": sum(self.tries)} if any(self.tries) else {}),
+                   **({"docs generated": self.generated["docs"], "tokens": self.generated["generated_tokens"]}
+                      if self.generated["docs"] else {})}
+        if postfix:
+            bar.set_postfix(postfix, refresh=False)
         if self.on_result is not None:
             self.on_result(self.shards[i], scored)
         if self.delay:

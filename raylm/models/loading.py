@@ -70,6 +70,17 @@ def load_config(spec: ModelSpec):
     return _from_pretrained("AutoConfig", "the config", spec)
 
 
+def load_generation_config(spec: ModelSpec):
+    """The model's generation defaults as `from_pretrained` gives them to the model (model.generation_config): its
+    generation_config.json, else what its config implies. HF generate starts from these where a call leaves a
+    setting unset, so they decide a sampled generation as much as the call's own arguments."""
+    try:
+        return _from_transformers("GenerationConfig").from_pretrained(
+            model_source(spec), revision=spec.revision, trust_remote_code=spec.trust_remote_code)
+    except OSError:
+        return _from_transformers("GenerationConfig").from_model_config(load_config(spec))
+
+
 def _from_pretrained(auto_class: str, what: str, spec: ModelSpec, **extra: Any) -> Any:
     try:
         return _from_transformers(auto_class).from_pretrained(model_source(spec), revision=spec.revision,

@@ -1,6 +1,6 @@
 """What the driver tokenises a run's requests with: the model's tokenizer and context length (its config, not its
-weights), as an Encoder, or a MaskedEncoder for a model scored as a masked LM, and the prompt format (system
-instruction, chat template) the requests are rendered in."""
+weights), as an Encoder, or a MaskedEncoder for a model scored as a masked LM, the model's sampling defaults for
+generation tasks, and the prompt format (system instruction, chat template) the requests are rendered in."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import Any
 
 from raylm.errors import RaylmError
 from raylm.models.context import context_length
-from raylm.models.loading import load_config, load_tokenizer, resolve_scorer
+from raylm.models.loading import load_config, load_generation_config, load_tokenizer, resolve_scorer
 from raylm.models.spec import ModelSpec
 from raylm.requests.encoding import Encoder
+from raylm.requests.generation import ModelSampling
 from raylm.requests.masked import MaskedEncoder
 from raylm.tasks.prompt import PromptFormat
 
@@ -49,6 +50,12 @@ def _refuse_causal_knobs(spec: ModelSpec) -> None:
                         ("--peft", spec.peft)):
         if value is not None:
             raise RaylmError(f"{name} applies to causal LMs (HFLM's); '{spec.path}' is scored as a masked LM")
+
+
+def driver_sampling(spec: ModelSpec) -> ModelSampling:
+    """The model's own sampling defaults (its generation_config), which a generation table fills unset settings
+    from as HF generate does."""
+    return ModelSampling.of(load_generation_config(spec), spec.path)
 
 
 def scored_spec(spec: ModelSpec, encoder: Encoder | MaskedEncoder) -> ModelSpec:

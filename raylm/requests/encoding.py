@@ -50,10 +50,20 @@ class Encoder:
         """HFLM.tok_encode with add_special_tokens left unset: the tokenizer's default (or add_bos_token when set),
         except that text already starting with the prefix token's text (a chat template that writes BOS itself)
         is encoded without special tokens, so BOS is not doubled."""
-        plain = [i for i, t in enumerate(texts) if not t.startswith(self._prefix_text)]
-        prefixed = [i for i, t in enumerate(texts) if t.startswith(self._prefix_text)]
+        return self._encode(texts, self._prefix_text)
+
+    def encode_prompts(self, texts: Sequence[str]) -> list[list[int]]:
+        """Generation prompts as HFLM.tok_batch_encode encodes them: as encode_many, but the text that turns
+        special tokens off is the tokenizer's BOS token (none without one). HFLM decides this for a whole batch by
+        its first prompt; per prompt is the same wherever a batch's prompts agree, and does not depend on how they
+        were batched."""
+        return self._encode(texts, getattr(self.tokenizer, "bos_token", None))
+
+    def _encode(self, texts: Sequence[str], marker: str | None) -> list[list[int]]:
+        marked = [bool(marker) and t.startswith(marker) for t in texts]
         out: list[list[int]] = [[] for _ in texts]
-        for indices, kwargs in ((plain, self._default), (prefixed, {"add_special_tokens": False})):
+        for flag, kwargs in ((False, self._default), (True, {"add_special_tokens": False})):
+            indices = [i for i, m in enumerate(marked) if m == flag]
             if indices:
                 ids = self.tokenizer([texts[i] for i in indices], **kwargs)["input_ids"]
                 for i, row in zip(indices, ids):

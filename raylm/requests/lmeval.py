@@ -3,7 +3,8 @@
 A (context, continuation) pair goes through raylm's Encoder (HFLM's `_encode_pair` rules, empty contexts
 included); a rolling text becomes the rolling windows HFLM scores (stride = max length), one row per window, the
 document's score being the sum over its windows. Rows keep lm-eval's (doc_id, idx) so scores go back to the
-Instance they came from, and a `window` column numbering a rolling request's windows. For a masked LM the
+Instance they came from, and a `window` column numbering a rolling request's windows. A generate_until task's
+requests become a generation table instead (raylm.requests.generation). For a masked LM the
 MaskedEncoder builds the same requests as for the native tasks (its own windows for rolling texts), with their
 `following` and `word_ids` columns.
 
@@ -16,13 +17,15 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pyarrow as pa
 from lm_eval.utils import handle_non_serializable
 
 from raylm.errors import RaylmError
 from raylm.requests.encoding import Encoder
+from raylm.requests.generation import ModelSampling, generation_table
 from raylm.requests.masked import MaskedEncoder, MaskedRequest
 from raylm.requests.native import Tables
 from raylm.requests.shards import LMEVAL_KIND
@@ -96,11 +99,25 @@ def task_metadata(built: Built, task: str) -> dict[bytes, bytes]:
             b"raylm.lmeval.config": hashlib.sha256(config.encode()).hexdigest().encode()}
 
 
-def request_tables(built: Built, encoder: Encoder | MaskedEncoder) -> dict[str, pa.Table]:
-    """Every task's table, or one line naming every unscorable request of every task."""
+def request_tables(built: Built, encoder: Encoder | MaskedEncoder,
+                   sampling: Callable[[], ModelSampling] = ModelSampling, seed: int | None = None
+                   ) -> dict[str, pa.Table]:
+    """Every task's table, or one line naming every unscorable request of every task. A generate_until task's is a
+    generation table (raylm.requests.generation), from the model's sampling defaults (`sampling`, asked for only
+    when a task generates) and the run's torch seed."""
     tables, problems = {}, []
+    model: ModelSampling | None = None
     for task in built.tasks["tasks"]:
-        tables[task], unscorable = request_table(built.requests(task), encoder, task_metadata(built, task))
+        metadata = task_metadata(built, task)
+        if built.output_type(task) == "generate_until":
+            if isinstance(encoder, MaskedEncoder):
+                raise RaylmError(f"{task} generates text; a masked LM is scored by pseudo-log-likelihood and cannot "
+                                 "generate")
+            model = model or sampling()
+            tables[task], cut = generation_table(built.requests(task), encoder, model, seed, metadata)
+            warn_truncated(task, cut, encoder.max_length)
+            continue
+        tables[task], unscorable = request_table(built.requests(task), encoder, metadata)
         problems += [(r.task, r.doc_id, r.idx, why, n) for r, why, n in unscorable]
     if problems:
         raise RaylmError(describe_problems(problems, encoder.max_length))
@@ -109,11 +126,13 @@ def request_tables(built: Built, encoder: Encoder | MaskedEncoder) -> dict[str, 
 
 def build_lmeval_requests(selection: Selection, encoder: Encoder | MaskedEncoder, prompt: PromptFormat = PLAIN, *,
                           tasks: Sequence[str], seeds: Sequence[int | None], num_fewshot: int | None = None,
-                          limit: int | float | None = None, samples: dict[str, list[int]] | None = None
-                          ) -> tuple[Built, Tables]:
+                          limit: int | float | None = None, samples: dict[str, list[int]] | None = None,
+                          gen_kwargs: dict[str, Any] | None = None,
+                          sampling: Callable[[], ModelSampling] = ModelSampling) -> tuple[Built, Tables]:
     """lm-eval's tasks loaded, their requests built in lm-eval's order and seeding, and tokenised into tables.
     `tasks` is every name the run asks for, native ones too (a built task that clashes with one is refused); the
-    keywords are EvalConfig's."""
-    built = load_and_build(selection, seeds, num_fewshot, limit, samples, prompt)
+    keywords are EvalConfig's, and `sampling` the model's generation defaults (raylm.requests.driver)."""
+    built = load_and_build(selection, seeds, num_fewshot, limit, samples, prompt, gen_kwargs)
     refuse_native_clash(tasks, built.tasks["tasks"])
-    return built, {name: (LMEVAL_KIND, table) for name, table in request_tables(built, encoder).items()}
+    tables = request_tables(built, encoder, sampling, seeds[2])
+    return built, {name: (LMEVAL_KIND, table) for name, table in tables.items()}

@@ -22,7 +22,8 @@ from raylm.errors import RaylmError
 
 # A cut may move this fraction of the shard size either way to land on a boundary where less is shared.
 CUT_SLACK = 1 / 4
-KEY_COLUMNS = ("doc_id", "req_idx", "window")  # what names a request's row: the window only in lm-eval's tables
+# What names a request's row: the window only in lm-eval's likelihood tables, the repeat only in its generation tables.
+KEY_COLUMNS = ("doc_id", "req_idx", "window", "repeat")
 
 
 def document_runs(table: pa.Table) -> np.ndarray:
@@ -37,10 +38,15 @@ def token_order(table: pa.Table) -> np.ndarray:
     if len(starts) == 0:
         return np.array([], dtype=np.int64)
     ends = np.r_[starts[1:], table.num_rows]
-    contexts, continuations = table["context"], table["continuation"]
-    keys = [contexts[int(s)].as_py() + continuations[int(s)].as_py() for s in starts]
+    keys = [first_tokens(table, int(s)) for s in starts]
     runs = sorted(range(len(starts)), key=keys.__getitem__)  # stable: equal documents keep table order
     return np.concatenate([np.arange(starts[r], ends[r]) for r in runs]).astype(np.int64)
+
+
+def first_tokens(table: pa.Table, row: int) -> list[int]:
+    """The tokens a row's model input starts with: context and continuation, or a generation's prompt alone."""
+    tokens = table["context"][row].as_py()
+    return tokens + table["continuation"][row].as_py() if "continuation" in table.column_names else tokens
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -62,12 +68,12 @@ def cut_points(table: pa.Table, max_requests: int) -> list[int]:
         return []
     slack = int(max_requests * CUT_SLACK)
     cuts, begin, k = [0], 0, 1
-    first_tokens: dict[int, list[int]] = {}
+    seen: dict[int, list[int]] = {}
 
     def tokens(row: int) -> list[int]:
-        if row not in first_tokens:
-            first_tokens[row] = table["context"][row].as_py() + table["continuation"][row].as_py()
-        return first_tokens[row]
+        if row not in seen:
+            seen[row] = first_tokens(table, row)
+        return seen[row]
 
     while k < len(starts):
         # The first boundary at least max_requests - slack past the shard's start, and the candidates after it.

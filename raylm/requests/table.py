@@ -169,10 +169,13 @@ def _append(cols: dict[str, list], doc_id: int, req_idx: int, request: Request, 
 def forward_tokens(table: pa.Table) -> int:
     """The tokens a scorer runs its model over for these requests, before prefix sharing and truncation (which only
     lower it): a causal LM one pass over context + continuation; a masked LM one copy of the whole request per
-    continuation token, each with that token masked (raylm.scoring.mlm)."""
+    continuation token, each with that token masked (raylm.scoring.mlm); a generation its prompt and at most
+    max_gen_toks new tokens."""
     def length(column: str):
         return pc.list_value_length(table[column]).fill_null(0)
 
+    if "continuation" not in table.column_names:  # a generation table: its prompt, then at most max_gen_toks steps
+        return int(pc.sum(pc.add(length("context"), table["max_gen_toks"])).as_py() or 0)
     lengths = pc.add(length("context"), length("continuation"))
     if "following" in table.column_names:
         lengths = pc.multiply(pc.add(lengths, length("following")), length("continuation"))

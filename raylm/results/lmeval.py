@@ -1,4 +1,5 @@
-"""Scores -> lm-eval's results, through lm-eval itself: filters, process_results, aggregation, stderr, groups.
+"""Scores and generations -> lm-eval's results, through lm-eval itself: filters (regex, take_first, majority vote),
+process_results, aggregation, stderr, groups.
 
 `results()` mirrors evaluate() (lm_eval/evaluator.py) from the model call's `req.resps.append(x)` to its return,
 on rank 0 of 1, and then calls lm-eval's own `_process_results` and `EvalAcc._to_eval_results` (private, but
@@ -24,15 +25,23 @@ from raylm.results.contamination import SUFFIX, decontaminated_key
 from raylm.tasks.lmeval.build import LMEVAL_LOCK, Built, cached_templates, documents
 
 # A loglikelihood request's score is (summed log-probability, continuation is the greedy decode); a rolling
-# request's is its document's summed log-probability over all windows (HFLM returns a bare float for it).
-Score = tuple[float, bool] | float
+# request's is its document's summed log-probability over all windows (HFLM returns a bare float for it); a
+# generate_until request's is its generated texts, one per repeat.
+Score = tuple[float, bool] | float | list[str]
 ScoreKey = tuple[str, int, int]  # (task, doc_id, idx)
 _NOT_METRICS = ("name", "alias", "sample_len", "sample_count")  # the entries of a task's or group's results
 
 
 def task_scores(task: str, output_type: str, requests: pa.Table, scored: pa.Table) -> dict[ScoreKey, Score]:
     """A task's scores by (task, doc_id, idx) from its scored rows. Rolling windows add up in window order, as
-    HFLM sums them (a plain sum); a text with no tokens has no windows and scores 0, as in HFLM."""
+    HFLM sums them (a plain sum); a text with no tokens has no windows and scores 0, as in HFLM. A generation's
+    texts come in repeat order."""
+    if output_type == "generate_until":
+        scored = scored.sort_by([("doc_id", "ascending"), ("req_idx", "ascending"), ("repeat", "ascending")])
+        texts: dict[ScoreKey, Score] = {}
+        for doc_id, idx, text in zip(*(scored[c].to_pylist() for c in ("doc_id", "req_idx", "generation"))):
+            texts.setdefault((task, doc_id, idx), []).append(text)
+        return texts
     scored = scored.sort_by([("doc_id", "ascending"), ("req_idx", "ascending"), ("window", "ascending")])
     docs, idxs = scored["doc_id"].to_pylist(), scored["req_idx"].to_pylist()
     logliks, greedy = scored["loglikelihood"].to_pylist(), scored["is_greedy"].to_pylist()
@@ -65,13 +74,20 @@ def _no_bootstrap_pool() -> Iterator[None]:
 
 
 def _fill(task_name: str, instances: list[Instance], scores: Mapping[ScoreKey, Score]) -> None:
-    """evaluate()'s `req.resps.append(x)` for each of a request's `repeats` clones (scoring is deterministic, so
-    every clone gets the same score)."""
+    """evaluate()'s `req.resps.append(x)` for each of a request's `repeats` clones: a generation's texts in repeat
+    order; a score, which is deterministic, once per clone."""
     for inst in instances:
         key = (task_name, inst.doc_id, inst.idx)
         if key not in scores:
             raise RaylmError(f"{task_name}: doc {inst.doc_id} request {inst.idx} has no score")
         score = scores[key]
+        if inst.request_type == "generate_until":
+            if len(score) != inst.repeats:
+                raise RaylmError(f"{task_name}: doc {inst.doc_id} request {inst.idx} has {len(score)} generations "
+                                 f"for {inst.repeats} repeats")
+            inst.resps = list(score)
+            inst.filtered_resps = {}
+            continue
         if inst.request_type == "loglikelihood_rolling":
             value: Score = float(score)
         else:

@@ -105,7 +105,7 @@ def results_dict(result: EvalResult) -> dict[str, Any]:
             bootstrap_iters=cfg.bootstrap_iters, random_seed=cfg.random_seed, numpy_seed=cfg.numpy_seed,
             torch_seed=cfg.torch_seed, fewshot_seed=cfg.fewshot_seed, samples=cfg.samples, metadata=cfg.metadata,
             apply_chat_template=cfg.apply_chat_template, chat_template_args=cfg.chat_template_args,
-            **{k: v for k, v in result.extra.items() if k != "chat_template"}),
+            gen_kwargs=cfg.gen_kwargs, **{k: v for k, v in result.extra.items() if k != "chat_template"}),
         **prompt_record(cfg, result.extra.get("chat_template")),
         **({"decontamination": result.decontamination} if result.decontamination is not None else {}),
         "sums": {name: t.sums for name, t in result.tasks.items()},

@@ -18,8 +18,12 @@ from raylm.scoring.predictions import choice_predictions
 
 
 def shard_sums(kind: str, scored: pa.Table) -> dict[str, float]:
-    """A shard's prediction counts (multiple choice), NLL and unit counts (rolling text), or NLL and counts of an
-    lm-eval task's rows (whose metrics lm-eval computes from the scores themselves)."""
+    """A shard's prediction counts (multiple choice), NLL and unit counts (rolling text), NLL and counts of an
+    lm-eval task's rows (whose metrics lm-eval computes from the scores themselves), or an lm-eval generation
+    shard's documents and generated tokens."""
+    if kind == LMEVAL_KIND and "generation" in scored.column_names:
+        return {"docs": len(np.unique(scored["doc_id"].to_numpy())),
+                "generated_tokens": int(scored["generated_tokens"].to_numpy().sum())}
     if kind == LMEVAL_KIND:
         return {"docs": len(np.unique(scored["doc_id"].to_numpy())),
                 "requests": int((scored["window"].to_numpy() == 0).sum()),

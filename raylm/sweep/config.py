@@ -4,7 +4,7 @@ The YAML is composed into nodes rather than loaded, so each value still knows th
 are built with yaml's safe constructor only. Settings that change the weights in memory (dtype, quantization)
 multiply the models; the rest (num_fewshot, limit, batch_size) multiply the points each model runs. Task names
 are those of `raylm eval --tasks` (native, or any lm-eval task, group or tag, with `include_path` as its
---include-path), checked against lm-eval's index before anything runs.
+--include-path), checked against lm-eval's index before anything runs; `gen_kwargs` is its --gen-kwargs.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from raylm.tasks.lmeval.selection import refuse_native_clash
 PACKAGED = "raylm:demo"  # the packaged stories260K model (as a model path) or the packaged data (as data_dir)
 TOP_KEYS = ("models", "tasks", "settings", "data_dir", "include_path", "seed", "device", "actors_per_model", "num_gpus",
             "num_cpus", "max_length", "decontaminate", "shard_size", "apply_chat_template", "fewshot_as_multiturn",
-            "system_instruction", "chat_template_args", "metadata", "placement_timeout")
+            "system_instruction", "chat_template_args", "metadata", "placement_timeout", "gen_kwargs")
 MODEL_KEYS = ("path", "name", "dtype", "load_in_4bit", "load_in_8bit", "revision", "scorer", "pll", "max_length",
               "peft", "add_bos_token", "prefix_token_id")
 SETTING_KEYS = ("num_fewshot", "limit", "batch_size", "dtype", "quantization")
@@ -82,6 +82,7 @@ class Sweep:
     # --metadata, for every model and point.
     prompt: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] | None = None
+    gen_kwargs: dict[str, Any] | None = None  # raylm eval's --gen-kwargs, for every generate_until task
 
     def config(self, model: SweepModel, point: SweepPoint) -> EvalConfig:
         seeds = {} if self.seed is None else {"fewshot_seed": self.seed, "random_seed": self.seed,
@@ -90,7 +91,8 @@ class Sweep:
                           batch_size=point.batch_size, actors=self.actors_per_model,
                           shard_requests=self.shard_size, progress=False,
                           num_gpus=self.num_gpus, include_path=self.include_path, log_samples=True,
-                          decontaminate=self.decontaminate, metadata=self.metadata, **self.prompt, **seeds)
+                          decontaminate=self.decontaminate, metadata=self.metadata, gen_kwargs=self.gen_kwargs,
+                          **self.prompt, **seeds)
 
 
 def load_sweep(path: Path) -> Sweep:
@@ -112,6 +114,7 @@ def load_sweep(path: Path) -> Sweep:
         shard_size=_positive(r, top, "shard_size", int, DEFAULT_SHARD_REQUESTS),
         placement_timeout=_positive(r, top, "placement_timeout", (int, float), None),
         prompt=_prompt(r, top), metadata=_plain_mapping(r, top, "metadata"),
+        gen_kwargs=_plain_mapping(r, top, "gen_kwargs"),
     )
     for model in sweep.models:
         for point in sweep.points:

@@ -16,7 +16,7 @@ from typing import Any
 from raylm.storage.location import Location
 from raylm.sweep.config import Sweep
 
-SUMMARY_METRICS = ("acc", "acc_norm", "word_perplexity", "bits_per_byte")
+SUMMARY_METRICS = ("acc", "acc_norm", "word_perplexity", "bits_per_byte", "exact_match")
 SETTING_COLUMNS = ("dtype", "quantization", "num_fewshot", "limit", "batch_size")
 SUMMARY_CSV, SUMMARY_MD = "summary.csv", "summary.md"
 
@@ -29,10 +29,14 @@ class Row:
     results: dict[str, Any]
 
     def metric(self, task: str, metric: str) -> tuple[float | None, float | None]:
-        """The metric and its stderr, None where there is no number (lm-eval writes "N/A" for a missing stderr)."""
+        """The metric and its stderr, None where there is no number (lm-eval writes "N/A" for a missing stderr).
+        `metric` is a name, or `name,filter` for a metric under a filter other than lm-eval's "none" (a generation
+        task's `exact_match,strict-match`)."""
+        name, _, filter_key = metric.partition(",")
+        filter_key = filter_key or "none"
         values = self.results["results"].get(task, {})
         return tuple(v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-                     for v in (values.get(f"{metric},none"), values.get(f"{metric}_stderr,none")))
+                     for v in (values.get(f"{name},{filter_key}"), values.get(f"{name}_stderr,{filter_key}")))
 
     def reported(self) -> list[str]:
         """Tasks and groups in results.json order, less the subtasks a group reports for them (an MMLU run's
@@ -51,14 +55,16 @@ def collect(sweep: Sweep, out: Location) -> list[Row]:
 
 
 def all_metrics(rows: list[Row]) -> list[tuple[str, str]]:
-    """(task, metric) pairs in the order results.json lists them, stderr keys folded into their metric; a group's
-    subtasks are left to the group."""
+    """(task, metric) pairs in the order results.json lists them, stderr keys folded into their metric, a metric
+    under a filter other than "none" named `name,filter` (Row.metric); a group's subtasks are left to the
+    group."""
     seen: dict[tuple[str, str], None] = {}
     for row in rows:
         for task in row.reported():
             for key in row.results["results"][task]:
-                if key.endswith(",none") and "_stderr" not in key:
-                    seen[(task, key.split(",")[0])] = None
+                name, comma, filter_key = key.partition(",")
+                if comma and "_stderr" not in name:
+                    seen[(task, name if filter_key == "none" else key)] = None
     return list(seen)
 
 
@@ -77,7 +83,7 @@ def summary_csv(rows: list[Row]) -> str:
 
 
 def headline_metrics(rows: list[Row]) -> list[tuple[str, str]]:
-    return [(t, m) for t, m in all_metrics(rows) if m in SUMMARY_METRICS]
+    return [(t, m) for t, m in all_metrics(rows) if m.split(",")[0] in SUMMARY_METRICS]
 
 
 def summary_markdown(rows: list[Row]) -> str:

@@ -36,8 +36,9 @@ class Request:
     task: str
     doc_id: int
     idx: int
-    request_type: str  # "loglikelihood" (multiple-choice requests too) or "loglikelihood_rolling"
-    arguments: tuple[str, ...]  # (context, continuation), or (text,) for rolling
+    request_type: str  # "loglikelihood" (multiple-choice requests too), "loglikelihood_rolling" or "generate_until"
+    arguments: tuple[Any, ...]  # (context, continuation), (text,) for rolling, (context, gen_kwargs) to generate
+    repeats: int = 1  # evaluate() sends a request to the model this many times (a sampled generation differs each)
 
 
 @dataclass
@@ -54,7 +55,7 @@ class Built:
         return self.samples.get(task) if self.samples is not None else None
 
     def requests(self, task: str) -> list[Request]:
-        return [Request(task, inst.doc_id, inst.idx, inst.request_type, inst.args)
+        return [Request(task, inst.doc_id, inst.idx, inst.request_type, inst.args, inst.repeats or 1)
                 for inst in self.tasks["tasks"][task].instances]
 
     def output_type(self, task: str) -> str:
@@ -76,7 +77,7 @@ def seed_globals(random_seed: int | None, numpy_seed: int | None, torch_seed: in
 
 def load(selection: Selection) -> TaskDict:
     """TaskManager.load of the expanded names (the datasets are read here), after refusing a group that holds a
-    task twice and any task lm-eval could not score by likelihood either. Call seed_globals first."""
+    task twice, and any task of a type raylm does not run. Call seed_globals first."""
     try:
         loaded = selection.manager.load(selection.names)
     except ValueError as e:
@@ -87,15 +88,19 @@ def load(selection: Selection) -> TaskDict:
         refuse_output_type(name, task.OUTPUT_TYPE, "")
         if getattr(task, "UNSAFE_CODE", False) or getattr(task, "MULTIMODAL", False):
             raise RaylmError(f"lm-eval task '{name}' is marked {'unsafe code' if task.UNSAFE_CODE else 'multimodal'};"
-                             " raylm scores text likelihoods only")
+                             " raylm runs neither tasks that execute code nor multimodal ones")
     return loaded
 
 
-def configure(loaded: TaskDict, num_fewshot: int | None, fewshot_seed: int | None) -> None:
-    """simple_evaluate's per-task overrides (evaluator.py, the `for task_name, task_obj in loaded["tasks"]` loop,
-    num_fewshot branch and `task_obj.set_fewshot_seed`): --num-fewshot wins unless the task pins 0; unset keeps
-    the task's default, or 0 where it has none; every task's sampler is re-seeded with the few-shot seed."""
+def configure(loaded: TaskDict, num_fewshot: int | None, fewshot_seed: int | None,
+              gen_kwargs: dict[str, Any] | None = None) -> None:
+    """simple_evaluate's per-task overrides (evaluator.py, the `for task_name, task_obj in loaded["tasks"]` loop:
+    gen_kwargs, num_fewshot and `task_obj.set_fewshot_seed`): --gen_kwargs update a generate_until task's
+    generation_kwargs; --num-fewshot wins unless the task pins 0; unset keeps the task's default, or 0 where it has
+    none; every task's sampler is re-seeded with the few-shot seed."""
     for task in loaded["tasks"].values():
+        if gen_kwargs and task.get_config("output_type") == "generate_until":
+            task.set_config(key="generation_kwargs", value=gen_kwargs, update=True)
         if num_fewshot is not None:
             if task.get_config("num_fewshot") != 0:
                 task.set_config(key="num_fewshot", value=num_fewshot)
@@ -145,12 +150,12 @@ def _check_indices(task: str, indices: list[int], n_docs: int) -> None:
 
 def load_and_build(selection: Selection, seeds: Sequence[int | None], num_fewshot: int | None,
                    limit: int | float | None, samples: dict[str, list[int]] | None = None,
-                   prompt: PromptFormat = PLAIN) -> Built:
+                   prompt: PromptFormat = PLAIN, gen_kwargs: dict[str, Any] | None = None) -> Built:
     """The whole of it, in lm-eval's order, for seeds (random, numpy, torch, few-shot)."""
     with LMEVAL_LOCK:
         seed_globals(*seeds[:3])
         loaded = load(selection)
-        configure(loaded, num_fewshot, seeds[3])
+        configure(loaded, num_fewshot, seeds[3], gen_kwargs)
         return build(loaded, limit, samples, prompt)
 
 

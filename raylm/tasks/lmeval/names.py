@@ -7,7 +7,7 @@ Resolution is lm-eval's: names are fnmatch patterns over its index (its CLI's ru
   include_path entries replace builtin ones;
 - otherwise lm-eval's own index is built once per process, and kept between runs in raylm's cache directory
   unless that is turned off (index_cache.py);
-- unknown names (with close matches) and task types raylm cannot score are refused from the index alone.
+- unknown names (with close matches) and task types raylm cannot run are refused from the index alone.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from raylm.errors import RaylmError
 from raylm.tasks import TASKS
 from raylm.tasks.lmeval.index_cache import IndexedTaskManager, builtin_index
 
-SUPPORTED_OUTPUT_TYPES = ("multiple_choice", "loglikelihood", "loglikelihood_rolling")
+SUPPORTED_OUTPUT_TYPES = ("multiple_choice", "loglikelihood", "loglikelihood_rolling", "generate_until")
 _PATTERN_CHARS = frozenset("*?[")
 
 
@@ -142,5 +142,5 @@ def leaf_output_types(manager: TaskManager, name: str, via: str, override: str |
 def refuse_output_type(task: str, output_type: str | None, via: str) -> None:
     if output_type not in SUPPORTED_OUTPUT_TYPES:
         where = f" (in {via})" if via and via != task else ""
-        raise RaylmError(f"lm-eval task '{task}'{where} has output_type {output_type}; raylm scores likelihoods "
-                         f"only ({', '.join(SUPPORTED_OUTPUT_TYPES)})")
+        raise RaylmError(f"lm-eval task '{task}'{where} has output_type {output_type}; raylm runs "
+                         f"{', '.join(SUPPORTED_OUTPUT_TYPES)}")

@@ -1,0 +1,292 @@
+"""The generation engine: lm-eval generate_until requests answered in plain torch, as lm-eval's HFLM answers them.
+
+HFLM (lm-eval 0.4.13) runs HF `model.generate` on left-padded batches: every question of gsm8k_cot prefills the same
+eight exemplars again, and a batch runs until its longest member stops. This engine produces the same greedy text
+with less work, and is built so that none of its shortcuts can change a generation:
+
+* Requests are admitted in sorted token order, so requests that share a prompt prefix (few-shot exemplars, a
+  system prompt, a chat template's head) come together; the shared prefix is run once into a batch-1 KV cache (the
+  path, raylm.scoring.generation_cache) and each request prefills only what follows it, over that cache.
+* Decoding is continuously batched: a fixed number of slots, each holding one sequence; a sequence that stops (an
+  eos id, a stop string, max_gen_toks) gives its slot to the next request at once. Sequences of different lengths
+  share one cache right-aligned, as HF generate's left padding, with a 2D mask and true positions, so each sees
+  exactly its own tokens.
+* Stop strings are watched as tokens arrive, on a decoded window (raylm.scoring.generation_text), and the answer is
+  the whole decode cut as HFLM cuts it, so when the watch fires changes the token count, never the text.
+* A sampled request draws from its own torch.Generator seeded by the request, so its text does not depend on which
+  requests share its batch, slot or actor.
+
+Every choice above leaves each sequence's computation what it would be alone, up to floating-point rounding of the
+batch shape: at float64 the engine equals a one-request, no-cache reference exactly (tests/reference_generation.py).
+
+Where a vLLM engine would plug in: `Generator` is the seam. The actor builds one from (model, tokenizer, batch_size)
+and calls only `generate(requests) -> list[Generated]` and reads the three counters, so an engine that holds a vLLM
+`LLM` instead (prefix caching and continuous batching are vLLM's own; greedy with SamplingParams(temperature=0),
+`stop` left empty and the same final cut, a per-request `seed`) can stand beside this one, chosen when the actor
+loads the model on a GPU. This module must not grow one until a GPU run can prove it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from raylm.errors import RaylmError
+from raylm.models.context import config_max_length
+from raylm.models.devices import input_device
+from raylm.models.loading import text_config
+from raylm.requests.order import common_prefix_length
+from raylm.scoring.generation_cache import PrefixPath, Slots
+from raylm.scoring.generation_text import StopWatch, final_text
+from raylm.scoring.scorer import (GPU_START_TOKEN_BUDGET, LOGITS_BUDGET_BYTES, RequestDoesNotFit, cpu_token_budget,
+                                  forward, gather_head_inputs, max_predicted_positions)
+
+# The slots' keys and values stay within this many bytes, sized for the longest request of a call (context plus
+# max_gen_toks): what grows with the slot count is the KV cache, as the logits are with positions in the scorer.
+KV_BUDGET_BYTES = {"cpu": 2 * 2**30, "cuda": 16 * 2**30}
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    context: tuple[int, ...]  # prompt token ids as the model sees them (encoded, left-truncated), never empty
+    until: tuple[str, ...]  # stop strings, the decoded eos text included
+    max_gen_toks: int  # at most this many new tokens
+    do_sample: bool = False  # False: greedy (argmax, ties -> lowest id as torch.argmax)
+    temperature: float = 1.0  # used only when do_sample; HF's warper order: temperature, top_k, top_p
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1.0: off
+    seed: int = 0  # sampling draws from torch.Generator().manual_seed(seed), one per request
+
+
+@dataclass(frozen=True)
+class Generated:
+    text: str  # decode(new tokens, skip_special_tokens=True), cut before each non-empty stop string in turn
+    tokens: int  # new tokens generated (stopping at eos, a stop string or max_gen_toks)
+
+
+@dataclass
+class _Sequence:
+    """One request being decoded: its stop watch holds its new tokens."""
+
+    request: int
+    watch: StopWatch
+    warpers: list = field(default_factory=list)
+    generator: torch.Generator | None = None
+
+
+class Generator:
+    def __init__(self, model: torch.nn.Module, tokenizer, batch_size: int | None = None) -> None:
+        """batch_size: the number of slots (sequences decoded together); None sizes them from KV_BUDGET_BYTES."""
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.device = input_device(model)
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.max_positions = config_max_length(model.config)
+        self.prefilled_tokens = 0  # tokens run through the model as prompt, a shared prefix once per call
+        self.generated_tokens = 0
+        self.tokens_in_requests = 0  # sum of len(context): what prefilling every request whole would cost
+        head = model.get_output_embeddings()
+        if head is None:
+            raise ValueError(f"{type(model).__name__} has no output embeddings (LM head) to generate with")
+        self._head = head
+        # HF generate passes position ids to the models that take them; the others (ALiBi) read positions from the
+        # 2D mask.
+        self._takes_positions = "position_ids" in inspect.signature(model.forward).parameters
+        self.token_budget = GPU_START_TOKEN_BUDGET if self.device.type == "cuda" else cpu_token_budget(model.config)
+        self._max_rows = max_predicted_positions(model, head, LOGITS_BUDGET_BYTES.get(
+            self.device.type, LOGITS_BUDGET_BYTES["cuda"]))
+
+    def slots_for(self, requests: Sequence[GenerationRequest]) -> int:
+        """batch_size, else as many slots as the longest request's KV cache fits KV_BUDGET_BYTES, within the token
+        budget of one forward pass and the logits budget (one row of logits per slot)."""
+        if self.batch_size:
+            return max(1, min(self.batch_size, len(requests)))
+        longest = max(len(r.context) + r.max_gen_toks for r in requests)
+        budget = KV_BUDGET_BYTES.get(self.device.type, KV_BUDGET_BYTES["cuda"])
+        fits = budget // max(1, kv_bytes_per_token(self.model) * longest)
+        return max(1, min(len(requests), fits, self.token_budget, self._max_rows))
+
+    @torch.inference_mode()
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generated]:
+        """One Generated per request, in the given order."""
+        for i, request in enumerate(requests):
+            self._check(i, request)
+        self.tokens_in_requests += sum(len(r.context) for r in requests)
+        results: list[Generated | None] = [None] * len(requests)
+        todo = [i for i, r in enumerate(requests) if r.max_gen_toks > 0]
+        for i, request in enumerate(requests):
+            if request.max_gen_toks == 0:
+                results[i] = Generated("", 0)
+        if todo:
+            _Run(self, requests, todo, results).run(self.slots_for([requests[i] for i in todo]))
+        return results  # type: ignore[return-value]
+
+    def _check(self, i: int, request: GenerationRequest) -> None:
+        n = len(request.context)
+        if n == 0:
+            raise RequestDoesNotFit(i, f"generation request {i} has no context tokens: the first new token would "
+                                       "follow nothing")
+        if request.max_gen_toks < 0:
+            raise RaylmError(f"generation request {i}: max_gen_toks {request.max_gen_toks} is negative")
+        if self.max_positions is not None and n + request.max_gen_toks > self.max_positions:
+            raise RequestDoesNotFit(i, f"generation request {i}: {n} context tokens plus max_gen_toks "
+                                       f"{request.max_gen_toks} exceed the model's {self.max_positions} positions "
+                                       "(the context must be left-truncated to max_length - max_gen_toks first)")
+        if request.do_sample and not (request.temperature > 0 and request.top_k >= 0 and 0 < request.top_p <= 1):
+            raise RaylmError(f"generation request {i}: sampling needs temperature > 0, top_k >= 0 and 0 < top_p <= 1 "
+                             f"(got {request.temperature}, {request.top_k}, {request.top_p})")
+
+    def _start(self, i: int, request: GenerationRequest) -> _Sequence:
+        seq = _Sequence(i, StopWatch(self.tokenizer, request.until))
+        if request.do_sample:
+            if request.temperature != 1.0:
+                seq.warpers.append(TemperatureLogitsWarper(request.temperature))
+            if request.top_k:
+                seq.warpers.append(TopKLogitsWarper(request.top_k))
+            if request.top_p < 1.0:
+                seq.warpers.append(TopPLogitsWarper(request.top_p))
+            seq.generator = torch.Generator().manual_seed(request.seed)
+        return seq
+
+    def _choose(self, logits: torch.Tensor, batch: Sequence[_Sequence]) -> list[int]:
+        """Each row's next token: argmax for greedy rows; for sampled ones HF's warpers on float32 logits (as HF
+        generate casts them), then one draw from the request's own generator, on the CPU so it is the same draw
+        whatever the device."""
+        greedy = logits.argmax(dim=-1).tolist()
+        out = []
+        for r, seq in enumerate(batch):
+            if seq.generator is None:
+                out.append(greedy[r])
+                continue
+            scores = logits[r:r + 1].float()
+            for warper in seq.warpers:
+                scores = warper(None, scores)
+            probs = torch.softmax(scores, dim=-1)[0].cpu()
+            out.append(int(torch.multinomial(probs, 1, generator=seq.generator)))
+        return out
+
+    def _stops(self, seq: _Sequence, token: int, request: GenerationRequest) -> bool:
+        """Take a new token; True when the sequence is done."""
+        self.generated_tokens += 1
+        hit = seq.watch.push(token)
+        return hit or token in self.eos_ids or len(seq.watch.ids) >= request.max_gen_toks
+
+
+class _Run:
+    """One generate() call: requests admitted in sorted order into free slots, decoded one token per step."""
+
+    def __init__(self, gen: Generator, requests: Sequence[GenerationRequest], todo: list[int],
+                 results: list[Generated | None]):
+        self.gen, self.requests, self.results = gen, requests, results
+        self.order = sorted(todo, key=lambda i: requests[i].context)
+        # shares[k]: the prefix order[k] shares with order[k + 1]
+        self.shares = [common_prefix_length(requests[a].context, requests[b].context)
+                       for a, b in zip(self.order, self.order[1:])]
+        self.path = PrefixPath()
+        self.slots = Slots()
+        self.batch: list[_Sequence] = []  # the sequences in the slots' rows, in row order
+
+    def run(self, slots: int) -> None:
+        k = 0
+        while k < len(self.order) or self.batch:
+            if k < len(self.order) and len(self.batch) < slots:
+                n = min(slots - len(self.batch), len(self.order) - k)
+                self.admit(k, n)
+                k += n
+            if self.batch:
+                self.step()
+
+    def admit(self, k: int, n: int) -> None:
+        """Prefill order[k:k + n] over the path of the prefix they share, and give each its first token."""
+        members = self.order[k:k + n]
+        contexts = [self.requests[i].context for i in members]
+        shortest = min(len(c) for c in contexts) - 1  # each request prefills at least its last token itself
+        if n > 1:
+            share = min(self.shares[k:k + n - 1])
+        else:  # a lone request caches what it shares with either neighbour, for the next admission to reuse
+            share = max(self.shares[k - 1] if k > 0 else 0, self.shares[k] if k < len(self.shares) else 0)
+        used = min(min(self.path.shared_with(c) for c in contexts), shortest)
+        target = max(used, min(share, shortest))
+        gen = self.gen
+        gen.prefilled_tokens += self.path.set(gen.model, gen.device, contexts[0][:target])
+        chunk: list[int] = []
+        widest = 0
+        for i in members:
+            width = len(self.requests[i].context) - target
+            if chunk and (len(chunk) + 1) * max(widest, width) > gen.token_budget:
+                self.prefill(chunk, target)
+                chunk, widest = [], 0
+            chunk.append(i)
+            widest = max(widest, width)
+        self.prefill(chunk, target)
+
+    def prefill(self, members: list[int], target: int) -> None:
+        """Run the members' contexts past the path's `target` tokens, right-padded in one batch (padding follows
+        every real token, so no mask is needed), and move the sequences that go on into the slots."""
+        gen = self.gen
+        suffixes = [self.requests[i].context[target:] for i in members]
+        width = max(len(s) for s in suffixes)
+        ids = torch.zeros(len(members), width, dtype=torch.long)
+        for r, suffix in enumerate(suffixes):
+            ids[r, :len(suffix)] = torch.tensor(suffix)
+        cache = self.path.for_rows(len(members))
+        last = torch.tensor([r * width + len(s) - 1 for r, s in enumerate(suffixes)], device=gen.device)
+        with gather_head_inputs(gen._head, last, len(members), width):
+            logits = forward(gen.model, ids.to(gen.device), cache).logits[0]
+        gen.prefilled_tokens += sum(len(s) for s in suffixes)
+        batch = [gen._start(i, self.requests[i]) for i in members]
+        going = []
+        for r, (seq, token) in enumerate(zip(batch, gen._choose(logits, batch))):
+            if self.stops(seq, token):
+                continue
+            going.append(r)
+        self.slots.add(cache, going, [target + len(suffixes[r]) for r in going])
+        self.batch.extend(batch[r] for r in going)
+
+    def step(self) -> None:
+        """One new token for every slot."""
+        gen = self.gen
+        ids = torch.tensor([[seq.watch.ids[-1]] for seq in self.batch], device=gen.device)
+        mask, positions = self.slots.step_inputs(gen.device)
+        kwargs = {"attention_mask": mask}
+        if gen._takes_positions:
+            kwargs["position_ids"] = positions
+        logits = forward(gen.model, ids, self.slots.cache, **kwargs).logits[:, -1]
+        going = [r for r, (seq, token) in enumerate(zip(self.batch, gen._choose(logits, self.batch)))
+                 if not self.stops(seq, token)]
+        self.slots.keep(going)
+        self.batch = [self.batch[r] for r in going]
+
+    def stops(self, seq: _Sequence, token: int) -> bool:
+        request = self.requests[seq.request]
+        if not self.gen._stops(seq, token, request):
+            return False
+        self.results[seq.request] = Generated(final_text(self.gen.tokenizer, seq.watch.ids, request.until),
+                                              len(seq.watch.ids))
+        return True
+
+
+def eos_token_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:
+    """The ids HF generate stops a sequence on: the model's generation_config eos (an id or a list), else the
+    tokenizer's."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return frozenset()
+    return frozenset([int(eos)] if isinstance(eos, int) else (int(e) for e in eos))
+
+
+def kv_bytes_per_token(model: torch.nn.Module) -> int:
+    """Keys and values one token keeps in the cache, over all layers."""
+    config = text_config(model.config)
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    dtype = getattr(model, "dtype", torch.float32)
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * (torch.finfo(dtype).bits // 8)

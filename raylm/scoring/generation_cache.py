@@ -1,0 +1,131 @@
+"""The two KV caches of the generation engine: the shared-prefix path, and the slots being decoded.
+
+Both are transformers DynamicCaches built without a config, so every layer keeps every key (a sliding window is the
+model's mask to apply, from its own 2D-mask code, as in HF generate) and crop works.
+
+The path (batch 1) holds the prompt prefix the requests being admitted share: requests are admitted in sorted
+order, so requests that share a few-shot head come one after another, and the path changes only where the shared
+prefix does; like the scorer's tree walk, it is cropped back to what the next requests share and extended from
+there, so each distinct shared prefix runs through the model once per generate() call.
+
+The slots (batch = active sequences) hold each sequence's keys right-aligned: a row's valid keys are the last
+`length` columns, the columns before them stale or padding. That is HF generate's left padding, grown as sequences
+join: a 2D mask and true position ids make each row see exactly its own tokens at their own positions, and sliding
+windows (counted in columns by the model's mask code) stay exact because a row's columns are contiguous. A row that
+joins longer than the cache widens it on the left; columns no row uses any more are cut off the left, so the width
+is the longest live sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from raylm.requests.order import common_prefix_length
+from raylm.scoring.scorer import _crop, forward
+
+
+class PrefixPath:
+    """The shared prefix currently cached, batch 1."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.cache: DynamicCache | None = None
+
+    def shared_with(self, context: Sequence[int]) -> int:
+        return common_prefix_length(self.tokens, context)
+
+    def set(self, model: torch.nn.Module, device: torch.device, prefix: Sequence[int]) -> int:
+        """Make the path `prefix`, keeping what it already shares with it; returns the tokens run to extend it."""
+        keep = self.shared_with(prefix)
+        del self.tokens[keep:]
+        if self.cache is not None:
+            _crop(self.cache, keep)
+        extra = list(prefix[keep:])
+        if extra:
+            if self.cache is None:
+                self.cache = DynamicCache()
+            forward(model, torch.tensor([extra], device=device), self.cache)
+            self.tokens.extend(extra)
+        return len(extra)
+
+    def for_rows(self, rows: int) -> DynamicCache:
+        """A cache holding the path for `rows` rows, for a prefill over it: the path's own tensors, broadcast, which
+        the prefill's cat copies, so the path itself is not extended."""
+        if not self.tokens:
+            return DynamicCache()
+        return DynamicCache(ddp_cache_data=[(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1))
+                                            for layer in self.cache.layers])
+
+
+class Slots:
+    """The decoding sequences' keys and values, right-aligned in one cache; row r's valid keys start at starts[r]."""
+
+    def __init__(self) -> None:
+        self.cache: DynamicCache | None = None
+        self.starts: list[int] = []
+
+    @property
+    def width(self) -> int:
+        return 0 if self.cache is None else self.cache.get_seq_length()
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def add(self, prefilled: DynamicCache, rows: Sequence[int], lengths: Sequence[int]) -> None:
+        """Append rows `rows` of a prefill cache (right-padded: row j's keys are its first lengths[j] columns)."""
+        if not rows:
+            return
+        width = max(self.width, *lengths)
+        grow = width - self.width
+        index = torch.tensor(list(rows), device=prefilled.layers[0].keys.device)
+        joined = []
+        for l, new in enumerate(prefilled.layers):
+            old = self.cache.layers[l] if self.cache is not None else None
+            joined.append((_join(None if old is None else old.keys, new.keys.index_select(0, index), lengths, width),
+                           _join(None if old is None else old.values, new.values.index_select(0, index), lengths,
+                                 width)))
+        if self.cache is None:
+            self.cache = DynamicCache(ddp_cache_data=joined)
+        else:
+            for layer, (keys, values) in zip(self.cache.layers, joined):
+                layer.keys, layer.values = keys, values
+        self.starts = [start + grow for start in self.starts] + [width - n for n in lengths]
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only `rows` (ascending), then cut the columns no kept row uses off the left."""
+        if len(rows) == len(self.starts):
+            return
+        if not rows:
+            self.cache, self.starts = None, []
+            return
+        index = torch.tensor(list(rows), device=self.cache.layers[0].keys.device)
+        self.cache.batch_select_indices(index)
+        self.starts = [self.starts[r] for r in rows]
+        cut = min(self.starts)
+        if cut:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, cut:], layer.values[:, :, cut:]
+            self.starts = [start - cut for start in self.starts]
+
+    def step_inputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The 2D attention mask over the cache plus one new column, and each row's next position."""
+        width = self.width
+        starts = torch.tensor(self.starts)
+        mask = (torch.arange(width + 1)[None, :] >= starts[:, None]).long()
+        positions = (width - starts)[:, None]
+        return mask.to(device), positions.to(device)
+
+
+def _join(old: torch.Tensor | None, new: torch.Tensor, lengths: Sequence[int], width: int) -> torch.Tensor:
+    """`old` rows left-padded to `width`, then `new` rows (valid in their first lengths[j] columns) right-aligned."""
+    rows = new.new_zeros(new.shape[0], new.shape[1], width, new.shape[3])
+    for j, n in enumerate(lengths):
+        rows[j, :, width - n:] = new[j, :, :n]
+    if old is None:
+        return rows
+    if old.shape[2] < width:
+        old = torch.cat([old.new_zeros(*old.shape[:2], width - old.shape[2], old.shape[3]), old], dim=2)
+    return torch.cat([old, rows], dim=0)

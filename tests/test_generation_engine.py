@@ -1,0 +1,243 @@
+"""The generation engine (raylm.scoring.generation) in-process: its greedy text equals a one-request, no-cache float64
+reference (tests/reference_generation.py) whatever the slot count and request order, equals HF generate as lm-eval's
+HFLM runs it, stops as HFLM stops, samples per request, and prefills a shared prompt prefix once."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+import transformers as tf
+from conftest import STORIES
+from lm_eval.models.utils import postprocess_generated_text
+from lm_eval.models.utils_hf import stop_sequences_criteria
+from reference_generation import reference_generate
+
+import tiny_families as fam
+from raylm.requests.order import common_prefix_length
+from raylm.scoring.generation import GenerationRequest, Generator, eos_token_ids
+from raylm.scoring.scorer import RequestDoesNotFit
+
+EOS_TEXT = "</s>"  # stories260K's eos as text: HFLM appends it to every request's stop strings
+# A few-shot-like head every real prompt shares, then questions whose first tokens differ, so the distinct prefixes
+# are the head once plus each question.
+HEAD = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her "
+        "friends. One day, she saw a big red ball under a tree. She ran to get it.\n\n")
+QUESTIONS = ["Tom had a dog named Max.", "The sun was hot and bright.", "Sara went to the store with mom.",
+             "A bird sang a song in the tree.", "Ben liked to play with cars.", "Mia saw a cat on the wall.",
+             "Jack found a shiny rock.", "Every day, Anna drew a picture."]
+
+
+@pytest.fixture(scope="module")
+def stories():
+    model = tf.AutoModelForCausalLM.from_pretrained(STORIES).eval()
+    return model, tf.AutoTokenizer.from_pretrained(STORIES)
+
+
+@pytest.fixture(scope="module")
+def stories64(stories):
+    return copy.deepcopy(stories[0]).double()
+
+
+def real_requests(tokenizer, max_gen_toks: int = 24, until: tuple[str, ...] = ("\n\n", EOS_TEXT), **kw
+                  ) -> list[GenerationRequest]:
+    return [GenerationRequest(tuple(tokenizer.encode(HEAD + q)), until, max_gen_toks, **kw) for q in QUESTIONS]
+
+
+def reference(model64, tokenizer, requests: list[GenerationRequest]) -> list[tuple[str, int]]:
+    eos = set(eos_token_ids(model64, tokenizer))
+    return [reference_generate(model64, tokenizer, list(r.context), list(r.until), r.max_gen_toks, eos)
+            for r in requests]
+
+
+def generate_in_order(model, tokenizer, requests, batch_size, order) -> list[tuple[str, int]]:
+    """Generate `requests` submitted in `order`, answers given back in the original order."""
+    out = Generator(model, tokenizer, batch_size).generate([requests[i] for i in order])
+    answers: list = [None] * len(requests)
+    for i, generated in zip(order, out):
+        answers[i] = (generated.text, generated.tokens)
+    return answers
+
+
+ORDERS = {"given": lambda n: list(range(n)), "reversed": lambda n: list(range(n))[::-1],
+          "shuffled": lambda n: random.Random(3).sample(range(n), n)}
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "mistral", "qwen2"])
+def test_float64_random_contexts_equal_the_reference(stories, family):
+    """Random token contexts on random models: RoPE, absolute positions (GPT-2), a 16-token sliding window reaching
+    across the slots' stale columns (Mistral), per-layer-type masks (Qwen2). Half the contexts share a 40-token
+    prefix, one is a prefix of another, and max_gen_toks differ, so sequences stop at different steps."""
+    tokenizer = stories[1]
+    torch.manual_seed(0)
+    model64 = tf.AutoModelForCausalLM.from_config(fam.FAMILIES[family]()).double().eval()
+    rng = random.Random(family)
+    shared = [rng.randrange(3, fam.VOCAB) for _ in range(40)]
+    contexts = [shared + [rng.randrange(3, fam.VOCAB) for _ in range(rng.randrange(1, 20))] for _ in range(5)]
+    contexts += [[rng.randrange(3, fam.VOCAB) for _ in range(rng.randrange(1, 50))] for _ in range(3)]
+    contexts.append(contexts[0][:45])
+    requests = [GenerationRequest(tuple(c), (EOS_TEXT, "."), 4 + i % 3 * 5) for i, c in enumerate(contexts)]
+    expected = reference(model64, tokenizer, requests)
+    assert len({tokens for _, tokens in expected}) > 2  # sequences end at different steps
+    for batch_size in (1, 3, None):
+        for name, order in ORDERS.items():
+            got = generate_in_order(model64, tokenizer, requests, batch_size, order(len(requests)))
+            assert got == expected, (batch_size, name)
+
+
+def test_float64_real_prompts_sharing_a_head_equal_the_reference(stories, stories64):
+    tokenizer = stories[1]
+    requests = real_requests(tokenizer, until=("\n\n", EOS_TEXT, ","))
+    expected = reference(stories64, tokenizer, requests)
+    assert any(tokens < 24 for _, tokens in expected) and any(tokens == 24 for _, tokens in expected)
+    for batch_size in (1, 2, 5, None):
+        for name, order in ORDERS.items():
+            assert generate_in_order(stories64, tokenizer, requests, batch_size, order(len(requests))) == expected, (
+                batch_size, name)
+
+
+def hflm_generate(model, tokenizer, requests: list[GenerationRequest], batch_size: int) -> list[str]:
+    """HFLM.generate_until's model call on the same tokens: left-padded batches through HF generate with lm-eval's
+    stop_sequences_criteria, then decoded and cut."""
+    pad = tokenizer.eos_token_id  # HFLM's pad for a tokenizer with none
+    texts = []
+    for start in range(0, len(requests), batch_size):
+        batch = requests[start:start + batch_size]
+        width = max(len(r.context) for r in batch)
+        ids = torch.tensor([[pad] * (width - len(r.context)) + list(r.context) for r in batch])
+        mask = torch.tensor([[0] * (width - len(r.context)) + [1] * len(r.context) for r in batch])
+        until = list(batch[0].until)
+        out = model.generate(input_ids=ids, attention_mask=mask, max_length=width + batch[0].max_gen_toks,
+                             stopping_criteria=stop_sequences_criteria(tokenizer, until, width, len(batch)),
+                             pad_token_id=pad, use_cache=True, do_sample=False)
+        texts += [postprocess_generated_text(tokenizer.decode(row[width:].tolist(), skip_special_tokens=True), until,
+                                             None) for row in out]
+    return texts
+
+
+def test_float32_equals_hf_generate_as_hflm_runs_it(stories, record_property):
+    model, tokenizer = stories
+    requests = real_requests(tokenizer, max_gen_toks=32, until=("\n\n", ",", EOS_TEXT)) + [
+        GenerationRequest(tuple(tokenizer.encode(q)), ("\n\n", EOS_TEXT), 32) for q in QUESTIONS[:4]]
+    ours = [g.text for g in Generator(model, tokenizer, 4).generate(requests)]
+    theirs = hflm_generate(model, tokenizer, requests, 4)
+    flips = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+    record_property("near_tie_flips", f"{len(flips)} of {len(requests)}")
+    assert not flips, [(ours[i], theirs[i]) for i in flips]
+
+
+def test_a_stop_string_spanning_several_tokens_stops_at_its_last_token(stories):
+    model, tokenizer = stories
+    context = tuple(tokenizer.encode(HEAD + QUESTIONS[0]))
+    free = Generator(model, tokenizer).generate([GenerationRequest(context, (), 30)])[0]
+    assert free.tokens == 30  # no eos within 30: the free run is the whole greedy continuation
+    new = _greedy_tokens(model, context, 30)
+    # a stop made of new tokens 6..9, ending inside token 9's text
+    stop = tokenizer.decode(new[:10])[len(tokenizer.decode(new[:6])):-1]
+    assert len(tokenizer.encode(stop, add_special_tokens=False)) >= 3 and stop not in tokenizer.decode(new[:9])
+    got = Generator(model, tokenizer).generate([GenerationRequest(context, ("never", stop), 30)])[0]
+    assert got.tokens == 10
+    assert got.text == free.text.split(stop)[0]
+
+
+def _greedy_tokens(model, context, n: int) -> list[int]:
+    ids = list(context)
+    with torch.inference_mode():
+        for _ in range(n):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(context):]
+
+
+def test_eos_stops_a_sequence_and_is_not_in_its_text(stories):
+    model, tokenizer = stories
+    context = tuple(tokenizer.encode(HEAD + QUESTIONS[1]))
+    new = _greedy_tokens(model, context, 12)
+    model = copy.deepcopy(model)
+    model.generation_config.eos_token_id = [2, new[4]]  # the fifth new token is an eos id now
+    got = Generator(model, tokenizer, 2).generate([GenerationRequest(context, (), 12)] * 2)
+    text = tokenizer.decode(new[:5], skip_special_tokens=True)
+    assert [(g.text, g.tokens) for g in got] == [(text, 5)] * 2
+
+
+def test_max_gen_toks_and_an_empty_stop_list(stories):
+    model, tokenizer = stories
+    requests = [GenerationRequest(tuple(tokenizer.encode(HEAD + q)), (), n) for q, n in zip(QUESTIONS, (0, 1, 7, 30))]
+    got = Generator(model, tokenizer, 2).generate(requests)
+    assert [g.tokens for g in got] == [0, 1, 7, 30]
+    assert got[0].text == ""
+    for g, r in zip(got[1:], requests[1:]):
+        assert g.text == tokenizer.decode(_greedy_tokens(model, r.context, r.max_gen_toks), skip_special_tokens=True)
+
+
+def test_same_seed_same_sample_whatever_the_slots_and_order(stories, stories64):
+    tokenizer = stories[1]
+    requests = [GenerationRequest(r.context, r.until, 16, do_sample=True, temperature=0.9, top_k=40, top_p=0.95,
+                                  seed=i) for i, r in enumerate(real_requests(tokenizer))]
+    first = generate_in_order(stories64, tokenizer, requests, 1, ORDERS["given"](len(requests)))
+    for batch_size in (3, None):
+        for name, order in ORDERS.items():
+            assert generate_in_order(stories64, tokenizer, requests, batch_size, order(len(requests))) == first, (
+                batch_size, name)
+
+
+def test_different_seeds_differ_and_top_k_1_is_greedy(stories):
+    model, tokenizer = stories
+    context = tuple(tokenizer.encode(HEAD + QUESTIONS[2]))
+    samples = Generator(model, tokenizer).generate(
+        [GenerationRequest(context, (), 16, do_sample=True, temperature=1.5, seed=s) for s in range(4)])
+    assert len({g.text for g in samples}) > 1
+    greedy = Generator(model, tokenizer).generate([GenerationRequest(context, (), 16)])[0]
+    top1 = Generator(model, tokenizer).generate(
+        [GenerationRequest(context, (), 16, do_sample=True, temperature=1.5, top_k=1, seed=7)])[0]
+    assert top1 == greedy
+
+
+def test_a_shared_head_is_prefilled_once_per_call(stories):
+    """Admitted one at a time, every distinct prefix of the contexts runs once; admitted in waves, the prefix a wave
+    shares runs once and a token or two that only part of a wave shares may run per request: never the head."""
+    model, tokenizer = stories
+    requests = real_requests(tokenizer, max_gen_toks=2)
+    contexts = [r.context for r in requests]
+    in_requests = sum(len(c) for c in contexts)
+    distinct = len({c[:n] for c in contexts for n in range(1, len(c) + 1)})  # the contexts' trie nodes
+    shared = min(common_prefix_length(contexts[0], c) for c in contexts)
+    head_once = shared + sum(len(c) - shared for c in contexts)
+    assert shared >= len(tokenizer.encode(HEAD)) - 1 and head_once < in_requests / 3
+    for batch_size in (1, 3, None):
+        gen = Generator(model, tokenizer, batch_size)
+        gen.generate(requests)
+        assert gen.tokens_in_requests == in_requests
+        assert gen.generated_tokens == 2 * len(requests)
+        assert (gen.prefilled_tokens == distinct) if batch_size == 1 else (
+            distinct <= gen.prefilled_tokens <= head_once), (batch_size, gen.prefilled_tokens)
+        first = gen.prefilled_tokens
+        gen.generate(requests)  # counters add up over calls; a call does not keep another's prefix
+        assert (gen.prefilled_tokens, gen.tokens_in_requests) == (2 * first, 2 * in_requests)
+
+
+def test_a_stopped_sequence_frees_its_slot(stories):
+    """Two slots, three requests; the first stops after 2 tokens: continuous batching runs the other two side by
+    side, in about 20 decode steps, where batches padded out to their longest member would take 38."""
+    model, tokenizer = stories
+    contexts = [tuple(tokenizer.encode(HEAD + q)) for q in sorted(QUESTIONS[:3])]
+    requests = [GenerationRequest(c, (), n) for c, n in zip(sorted(contexts), (2, 20, 20))]
+    calls = []
+    hook = model.register_forward_pre_hook(lambda _m, _a, kw: calls.append(kw["input_ids"].shape), with_kwargs=True)
+    try:
+        got = Generator(model, tokenizer, 2).generate(requests)
+    finally:
+        hook.remove()
+    assert [g.tokens for g in got] == [2, 20, 20]
+    decode_steps = [shape for shape in calls if shape[1] == 1 and shape[0] > 0]
+    assert len(decode_steps) <= 21, calls
+    assert max(shape[0] for shape in decode_steps) == 2
+
+
+def test_a_request_past_the_models_positions_is_refused(stories):
+    model, tokenizer = stories
+    with pytest.raises(RequestDoesNotFit, match="exceed the model's 512 positions"):
+        Generator(model, tokenizer).generate([GenerationRequest((1,) * 500, (), 20)])
+    with pytest.raises(RequestDoesNotFit, match="no context tokens"):
+        Generator(model, tokenizer).generate([GenerationRequest((), (), 20)])
