@@ -14,7 +14,8 @@ Per run: `settings` (what simple_evaluate was given), `command` (this script's i
 same run as lm-eval's CLI), lm-eval's results, groups, group_subtasks, n-shot, n-samples, and per task per document:
 doc_id, target, prompt_hash (lm-eval's SHA-256 of the context; for the first document of each task and run the
 context itself is `contexts[prompt_hash]`, to keep the file small), gen_kwargs (as lm-eval passed them to
-HFLM.generate_until), resps, and per filter its filtered_resps and per-document metrics.
+HFLM.generate_until), resps, and per filter its filtered_resps and per-document metrics. `checks` (kept across
+remakes) says what --check found when the file was made.
 
 usage (lm-eval==0.4.13; HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1):
     python tests/golden/make_generation.py [RUN ...]        (default: every run in RUNS)
