@@ -39,6 +39,23 @@ def _mk_local_tasks():
     return module
 
 
+def gsm8k_yaml(task: str, rel: str) -> str:
+    """`task`: lm-eval's YAML at `rel` (under lm_eval/tasks) unchanged but for its data, the mirror's GSM8K."""
+    import lm_eval.tasks
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    include = Path(lm_eval.tasks.__file__).parent / rel
+    return _mk_local_tasks().override(task, include, _mk_local_tasks().data_files(GSM8K),
+                                      load_yaml(str(include), resolve_func=False))
+
+
+def data_yaml(folder: Path) -> str:
+    """The data keys mk_local_tasks.override writes for a mirror folder (its lines after `task:` and `include:`),
+    for a test's own task YAML on the same data."""
+    mk = _mk_local_tasks()
+    return "".join(line + "\n" for line in mk.override("", "", mk.data_files(folder), {}).splitlines()[2:])
+
+
 def write_tasks(out: Path) -> list[str]:
     """Write the YAMLs into `out` and return the names to pass as --tasks (tasks and the MMLU group)."""
     import lm_eval.tasks
@@ -48,9 +65,7 @@ def write_tasks(out: Path) -> list[str]:
     lmeval_tasks = Path(lm_eval.tasks.__file__).parent
     out.mkdir(parents=True, exist_ok=True)
     for task, rel in GSM8K_TASKS.items():
-        include = lmeval_tasks / rel
-        (out / f"{task}.yaml").write_text(
-            mk.override(task, include, mk.data_files(GSM8K), load_yaml(str(include), resolve_func=False)))
+        (out / f"{task}.yaml").write_text(gsm8k_yaml(task, rel))
     categories = set()
     for subject in sorted(p.name for p in MMLU.iterdir() if p.is_dir()):
         include = lmeval_tasks / "mmlu" / "generative" / f"mmlu_{subject}.yaml"
