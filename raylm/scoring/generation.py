@@ -19,11 +19,14 @@ with less work, and is built so that none of its shortcuts can change a generati
 Every choice above leaves each sequence's computation what it would be alone, up to floating-point rounding of the
 batch shape: at float64 the engine equals a one-request, no-cache reference exactly (tests/reference_generation.py).
 
-Where a vLLM engine would plug in: `Generator` is the seam. The actor builds one from (model, tokenizer, batch_size)
-and calls only `generate(requests) -> list[Generated]` and reads the three counters, so an engine that holds a vLLM
-`LLM` instead (prefix caching and continuous batching are vLLM's own; greedy with SamplingParams(temperature=0),
-`stop` left empty and the same final cut, a per-request `seed`) can stand beside this one, chosen when the actor
-loads the model on a GPU. This module must not grow one until a GPU run can prove it.
+Where a vLLM engine would plug in: `Generator` is the seam. The actor builds one from (model, tokenizer, batch_size),
+calls only `generate(requests) -> list[Generated]` and reads the three counters, so an engine holding a vLLM `LLM`
+can stand beside this one, chosen when the actor loads the model on a GPU. vLLM does prefix caching and continuous
+batching itself; such an engine would map each request to SamplingParams(max_tokens=max_gen_toks, stop=until,
+skip_special_tokens=False so a special token's text stops as HFLM's criterion sees it, temperature 0 or the request's
+sampling with seed=seed) and build each answer with generation_text.final_text from the returned token ids, so the
+cut stays HFLM's. None is written here: nothing on this machine could run it, and an engine nothing runs is not
+shipped.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import (LogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
+                                                    TopPLogitsWarper)
 
 from raylm.errors import RaylmError
 from raylm.models.context import config_max_length
@@ -74,7 +78,7 @@ class _Sequence:
 
     request: int
     watch: StopWatch
-    warpers: list = field(default_factory=list)
+    warpers: list[LogitsProcessor] = field(default_factory=list)  # HF's, in HF's order
     generator: torch.Generator | None = None
 
 
