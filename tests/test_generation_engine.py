@@ -97,6 +97,17 @@ def test_float64_real_prompts_sharing_a_head_equal_the_reference(stories, storie
     for batch_size, order in LAYOUTS:
         got = generate_in_order(stories64, tokenizer, requests, batch_size, ORDERS[order](len(requests)))
         assert got == expected, (batch_size, order)
+    # a token budget below the shared head: the head runs in pieces, prompts are prefilled a few rows at a time
+    gen = Generator(stories64, tokenizer, 4)
+    gen.token_budget = 12
+    got = []
+    shapes = forward_shapes(stories64, lambda: got.extend(gen.generate(requests)))
+    assert [(g.text, g.tokens) for g in got] == expected
+    longest_suffix = max(len(r.context) for r in requests) - min(
+        common_prefix_length(requests[0].context, r.context) for r in requests)
+    prompt_passes = [(rows, width) for rows, width, _, decode in shapes if not decode]
+    assert all(rows * width <= 12 or (rows == 1 and width <= longest_suffix) for rows, width in prompt_passes)
+    assert sum(rows == 1 and width == 12 for rows, width in prompt_passes) >= 5  # the head, in pieces
 
 
 def hflm_generate(model, tokenizer, requests: list[GenerationRequest], batch_size: int) -> list[str]:
@@ -236,13 +247,14 @@ def test_a_shared_head_is_prefilled_once_per_call(stories):
         assert (gen.prefilled_tokens, gen.tokens_in_requests) == (2 * first, 2 * in_requests)
 
 
-def decode_shapes(model, run) -> list[tuple[int, int]]:
-    """(rows, cache width) of every one-token-per-row forward pass `run()` makes."""
+def forward_shapes(model, run) -> list[tuple[int, int, int, bool]]:
+    """(rows, new tokens per row, cached tokens, whether a decode step: it carries the slots' 2D mask) of every
+    forward pass `run()` makes."""
     shapes = []
 
     def record(_module, _args, kwargs):
-        if kwargs["input_ids"].shape[1] == 1 and kwargs.get("attention_mask") is not None:
-            shapes.append((kwargs["input_ids"].shape[0], kwargs["cache"].get_seq_length()))
+        rows, width = kwargs["input_ids"].shape
+        shapes.append((rows, width, kwargs["cache"].get_seq_length(), kwargs.get("attention_mask") is not None))
 
     hook = model.register_forward_pre_hook(record, with_kwargs=True)
     try:
@@ -250,6 +262,11 @@ def decode_shapes(model, run) -> list[tuple[int, int]]:
     finally:
         hook.remove()
     return shapes
+
+
+def decode_shapes(model, run) -> list[tuple[int, int]]:
+    """(rows, cache width) of every decode step `run()` makes."""
+    return [(rows, cached) for rows, _, cached, decode in forward_shapes(model, run) if decode]
 
 
 def test_a_stopped_sequence_frees_its_slot(stories):

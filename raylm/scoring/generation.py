@@ -217,7 +217,7 @@ class _Run:
         used = min(min(self.path.shared_with(c) for c in contexts), shortest)
         target = max(used, min(share, shortest))
         gen = self.gen
-        gen.prefilled_tokens += self.path.set(gen.model, gen.device, contexts[0][:target])
+        gen.prefilled_tokens += self.path.set(gen.model, gen.device, contexts[0][:target], gen.token_budget)
         chunk: list[int] = []
         widest = 0
         for i in members:

@@ -41,18 +41,21 @@ class PrefixPath:
     def shared_with(self, context: Sequence[int]) -> int:
         return common_prefix_length(self.tokens, context)
 
-    def set(self, model: torch.nn.Module, device: torch.device, prefix: Sequence[int]) -> int:
-        """Make the path `prefix`, keeping what it already shares with it; returns the tokens run to extend it."""
+    def set(self, model: torch.nn.Module, device: torch.device, prefix: Sequence[int], piece: int) -> int:
+        """Make the path `prefix`, keeping what it already shares with it and running the rest in forward passes of
+        at most `piece` tokens (a long few-shot head is no wider a pass than the token budget); returns the tokens
+        run."""
         keep = self.shared_with(prefix)
         del self.tokens[keep:]
         if self.cache is not None:
             _crop(self.cache, keep)
         extra = list(prefix[keep:])
-        if extra:
-            if self.cache is None:
-                self.cache = DynamicCache()
-            forward(model, torch.tensor([extra], device=device), self.cache)
-            self.tokens.extend(extra)
+        if extra and self.cache is None:
+            self.cache = DynamicCache()
+        for start in range(0, len(extra), max(1, piece)):
+            chunk = extra[start:start + max(1, piece)]
+            forward(model, torch.tensor([chunk], device=device), self.cache)
+            self.tokens.extend(chunk)
         return len(extra)
 
     def for_rows(self, rows: int) -> DynamicCache:
