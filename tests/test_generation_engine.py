@@ -11,12 +11,13 @@ import pytest
 import torch
 import transformers as tf
 from conftest import STORIES
-from lm_eval.models.utils import postprocess_generated_text
+from lm_eval.models.utils import configure_pad_token, postprocess_generated_text
 from lm_eval.models.utils_hf import stop_sequences_criteria
 from reference_generation import reference_generate
 
 import tiny_families as fam
 from raylm.requests.order import common_prefix_length
+from raylm.scoring import generation
 from raylm.scoring.generation import GenerationRequest, Generator, eos_token_ids
 from raylm.scoring.scorer import RequestDoesNotFit
 
@@ -63,6 +64,8 @@ def generate_in_order(model, tokenizer, requests, batch_size, order) -> list[tup
 
 ORDERS = {"given": lambda n: list(range(n)), "reversed": lambda n: list(range(n))[::-1],
           "shuffled": lambda n: random.Random(3).sample(range(n), n)}
+# (slots, order) pairs: one slot (no batching at all), a few (sequences join as others stop), all the budget allows
+LAYOUTS = [(1, "shuffled"), (2, "reversed"), (3, "given"), (None, "given"), (None, "shuffled")]
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "mistral", "qwen2"])
@@ -81,27 +84,36 @@ def test_float64_random_contexts_equal_the_reference(stories, family):
     requests = [GenerationRequest(tuple(c), (EOS_TEXT, "."), 4 + i % 3 * 5) for i, c in enumerate(contexts)]
     expected = reference(model64, tokenizer, requests)
     assert len({tokens for _, tokens in expected}) > 2  # sequences end at different steps
-    for batch_size in (1, 3, None):
-        for name, order in ORDERS.items():
-            got = generate_in_order(model64, tokenizer, requests, batch_size, order(len(requests)))
-            assert got == expected, (batch_size, name)
+    for batch_size, order in LAYOUTS:
+        got = generate_in_order(model64, tokenizer, requests, batch_size, ORDERS[order](len(requests)))
+        assert got == expected, (batch_size, order)
 
 
 def test_float64_real_prompts_sharing_a_head_equal_the_reference(stories, stories64):
     tokenizer = stories[1]
-    requests = real_requests(tokenizer, until=("\n\n", EOS_TEXT, ","))
+    requests = real_requests(tokenizer, max_gen_toks=16, until=("\n\n", EOS_TEXT, ","))[:6]
     expected = reference(stories64, tokenizer, requests)
-    assert any(tokens < 24 for _, tokens in expected) and any(tokens == 24 for _, tokens in expected)
-    for batch_size in (1, 2, 5, None):
-        for name, order in ORDERS.items():
-            assert generate_in_order(stories64, tokenizer, requests, batch_size, order(len(requests))) == expected, (
-                batch_size, name)
+    assert any(tokens < 16 for _, tokens in expected) and any(tokens == 16 for _, tokens in expected)
+    for batch_size, order in LAYOUTS:
+        got = generate_in_order(stories64, tokenizer, requests, batch_size, ORDERS[order](len(requests)))
+        assert got == expected, (batch_size, order)
+    # a token budget below the shared head: the head runs in pieces, prompts are prefilled a few rows at a time
+    gen = Generator(stories64, tokenizer, 4)
+    gen.token_budget = 12
+    got = []
+    shapes = forward_shapes(stories64, lambda: got.extend(gen.generate(requests)))
+    assert [(g.text, g.tokens) for g in got] == expected
+    longest_suffix = max(len(r.context) for r in requests) - min(
+        common_prefix_length(requests[0].context, r.context) for r in requests)
+    prompt_passes = [(rows, width) for rows, width, _, decode in shapes if not decode]
+    assert all(rows * width <= 12 or (rows == 1 and width <= longest_suffix) for rows, width in prompt_passes)
+    assert sum(rows == 1 and width == 12 for rows, width in prompt_passes) >= 5  # the head, in pieces
 
 
 def hflm_generate(model, tokenizer, requests: list[GenerationRequest], batch_size: int) -> list[str]:
     """HFLM.generate_until's model call on the same tokens: left-padded batches through HF generate with lm-eval's
     stop_sequences_criteria, then decoded and cut."""
-    pad = tokenizer.eos_token_id  # HFLM's pad for a tokenizer with none
+    pad = configure_pad_token(copy.deepcopy(tokenizer)).pad_token_id  # as HFLM sets it (stories260K: <unk>)
     texts = []
     for start in range(0, len(requests), batch_size):
         batch = requests[start:start + batch_size]
@@ -161,6 +173,24 @@ def test_eos_stops_a_sequence_and_is_not_in_its_text(stories):
     assert [(g.text, g.tokens) for g in got] == [(text, 5)] * 2
 
 
+def test_a_special_tokens_text_is_a_stop_string_as_hflm_decodes_it(stories64):
+    """HFLM's stop criterion decodes with special tokens, so a stop string that is a special token's text (a chat
+    model's end-of-turn marker that is not among its eos ids) stops generation; the answer, decoded without special
+    tokens, then does not show it."""
+    tokenizer = tf.AutoTokenizer.from_pretrained(STORIES)
+    context = tuple(tokenizer.encode(HEAD + QUESTIONS[3]))
+    model64 = copy.deepcopy(stories64)
+    new = _greedy_tokens(model64, context, 12)
+    with torch.no_grad():  # </s> (id 2) now outscores the fourth new token wherever that one wins
+        model64.get_output_embeddings().weight[2] = 1.01 * model64.get_output_embeddings().weight[new[3]]
+    model64.generation_config.eos_token_id = -1  # no eos id: only the stop string can stop it
+    request = GenerationRequest(context, (EOS_TEXT,), 12)
+    expected = reference(model64, tokenizer, [request])
+    assert expected[0][1] < 12 and EOS_TEXT not in expected[0][0]
+    got = Generator(model64, tokenizer).generate([request])[0]
+    assert [(got.text, got.tokens)] == expected
+
+
 def test_max_gen_toks_and_an_empty_stop_list(stories):
     model, tokenizer = stories
     requests = [GenerationRequest(tuple(tokenizer.encode(HEAD + q)), (), n) for q, n in zip(QUESTIONS, (0, 1, 7, 30))]
@@ -176,10 +206,10 @@ def test_same_seed_same_sample_whatever_the_slots_and_order(stories, stories64):
     requests = [GenerationRequest(r.context, r.until, 16, do_sample=True, temperature=0.9, top_k=40, top_p=0.95,
                                   seed=i) for i, r in enumerate(real_requests(tokenizer))]
     first = generate_in_order(stories64, tokenizer, requests, 1, ORDERS["given"](len(requests)))
-    for batch_size in (3, None):
-        for name, order in ORDERS.items():
-            assert generate_in_order(stories64, tokenizer, requests, batch_size, order(len(requests))) == first, (
-                batch_size, name)
+    assert len({text for text, _ in first}) == len(requests)
+    for batch_size, order in [(2, "reversed"), (None, "shuffled")]:
+        got = generate_in_order(stories64, tokenizer, requests, batch_size, ORDERS[order](len(requests)))
+        assert got == first, (batch_size, order)
 
 
 def test_different_seeds_differ_and_top_k_1_is_greedy(stories):
@@ -217,22 +247,54 @@ def test_a_shared_head_is_prefilled_once_per_call(stories):
         assert (gen.prefilled_tokens, gen.tokens_in_requests) == (2 * first, 2 * in_requests)
 
 
-def test_a_stopped_sequence_frees_its_slot(stories):
-    """Two slots, three requests; the first stops after 2 tokens: continuous batching runs the other two side by
-    side, in about 20 decode steps, where batches padded out to their longest member would take 38."""
-    model, tokenizer = stories
-    contexts = [tuple(tokenizer.encode(HEAD + q)) for q in sorted(QUESTIONS[:3])]
-    requests = [GenerationRequest(c, (), n) for c, n in zip(sorted(contexts), (2, 20, 20))]
-    calls = []
-    hook = model.register_forward_pre_hook(lambda _m, _a, kw: calls.append(kw["input_ids"].shape), with_kwargs=True)
+def forward_shapes(model, run) -> list[tuple[int, int, int, bool]]:
+    """(rows, new tokens per row, cached tokens, whether a decode step: it carries the slots' 2D mask) of every
+    forward pass `run()` makes."""
+    shapes = []
+
+    def record(_module, _args, kwargs):
+        rows, width = kwargs["input_ids"].shape
+        shapes.append((rows, width, kwargs["cache"].get_seq_length(), kwargs.get("attention_mask") is not None))
+
+    hook = model.register_forward_pre_hook(record, with_kwargs=True)
     try:
-        got = Generator(model, tokenizer, 2).generate(requests)
+        run()
     finally:
         hook.remove()
+    return shapes
+
+
+def decode_shapes(model, run) -> list[tuple[int, int]]:
+    """(rows, cache width) of every decode step `run()` makes."""
+    return [(rows, cached) for rows, _, cached, decode in forward_shapes(model, run) if decode]
+
+
+def test_a_stopped_sequence_frees_its_slot(stories):
+    """Two slots, three requests; the first stops after 2 tokens: continuous batching runs the other two side by
+    side, in 20 decode steps, where batches padded out to their longest member would take 38."""
+    model, tokenizer = stories
+    contexts = sorted(tuple(tokenizer.encode(HEAD + q)) for q in QUESTIONS[:3])
+    requests = [GenerationRequest(c, (), n) for c, n in zip(contexts, (2, 20, 20))]
+    got = []
+    steps = decode_shapes(model, lambda: got.extend(Generator(model, tokenizer, 2).generate(requests)))
     assert [g.tokens for g in got] == [2, 20, 20]
-    decode_steps = [shape for shape in calls if shape[1] == 1 and shape[0] > 0]
-    assert len(decode_steps) <= 21, calls
-    assert max(shape[0] for shape in decode_steps) == 2
+    assert len(steps) == 20 and {rows for rows, _ in steps} == {2, 1}
+
+
+def test_slots_are_sized_from_the_kv_budget_and_the_cache_stays_as_wide_as_its_longest_sequence(stories,
+                                                                                                 monkeypatch):
+    model, tokenizer = stories
+    requests = real_requests(tokenizer, max_gen_toks=12, until=(",", EOS_TEXT))
+    longest = max(len(r.context) + r.max_gen_toks for r in requests)
+    monkeypatch.setitem(generation.KV_BUDGET_BYTES, "cpu", 3 * longest * generation.kv_bytes_per_token(model))
+    gen = Generator(model, tokenizer)
+    assert gen.slots_for(requests) == 3
+    got = []
+    steps = decode_shapes(model, lambda: got.extend(gen.generate(requests)))
+    assert max(rows for rows, _ in steps) == 3
+    assert got == Generator(model, tokenizer, 3).generate(requests)
+    # the cache holds each live sequence's keys once, right-aligned: never wider than the longest of them
+    assert max(width for _, width in steps) < longest
 
 
 def test_a_request_past_the_models_positions_is_refused(stories):

@@ -19,11 +19,14 @@ with less work, and is built so that none of its shortcuts can change a generati
 Every choice above leaves each sequence's computation what it would be alone, up to floating-point rounding of the
 batch shape: at float64 the engine equals a one-request, no-cache reference exactly (tests/reference_generation.py).
 
-Where a vLLM engine would plug in: `Generator` is the seam. The actor builds one from (model, tokenizer, batch_size)
-and calls only `generate(requests) -> list[Generated]` and reads the three counters, so an engine that holds a vLLM
-`LLM` instead (prefix caching and continuous batching are vLLM's own; greedy with SamplingParams(temperature=0),
-`stop` left empty and the same final cut, a per-request `seed`) can stand beside this one, chosen when the actor
-loads the model on a GPU. This module must not grow one until a GPU run can prove it.
+Where a vLLM engine would plug in: `Generator` is the seam. The actor builds one from (model, tokenizer, batch_size),
+calls only `generate(requests) -> list[Generated]` and reads the three counters, so an engine holding a vLLM `LLM`
+can stand beside this one, chosen when the actor loads the model on a GPU. vLLM does prefix caching and continuous
+batching itself; such an engine would map each request to SamplingParams(max_tokens=max_gen_toks, stop=until,
+skip_special_tokens=False so a special token's text stops as HFLM's criterion sees it, temperature 0 or the request's
+sampling with seed=seed) and build each answer with generation_text.final_text from the returned token ids, so the
+cut stays HFLM's. None is written here: nothing on this machine could run it, and an engine nothing runs is not
+shipped.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import (LogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
+                                                    TopPLogitsWarper)
 
 from raylm.errors import RaylmError
 from raylm.models.context import config_max_length
@@ -74,7 +78,7 @@ class _Sequence:
 
     request: int
     watch: StopWatch
-    warpers: list = field(default_factory=list)
+    warpers: list[LogitsProcessor] = field(default_factory=list)  # HF's, in HF's order
     generator: torch.Generator | None = None
 
 
@@ -93,10 +97,10 @@ class Generator:
         head = model.get_output_embeddings()
         if head is None:
             raise ValueError(f"{type(model).__name__} has no output embeddings (LM head) to generate with")
-        self._head = head
+        self.head = head
         # HF generate passes position ids to the models that take them; the others (ALiBi) read positions from the
         # 2D mask.
-        self._takes_positions = "position_ids" in inspect.signature(model.forward).parameters
+        self.takes_positions = "position_ids" in inspect.signature(model.forward).parameters
         self.token_budget = GPU_START_TOKEN_BUDGET if self.device.type == "cuda" else cpu_token_budget(model.config)
         self._max_rows = max_predicted_positions(model, head, LOGITS_BUDGET_BYTES.get(
             self.device.type, LOGITS_BUDGET_BYTES["cuda"]))
@@ -141,41 +145,6 @@ class Generator:
             raise RaylmError(f"generation request {i}: sampling needs temperature > 0, top_k >= 0 and 0 < top_p <= 1 "
                              f"(got {request.temperature}, {request.top_k}, {request.top_p})")
 
-    def _start(self, i: int, request: GenerationRequest) -> _Sequence:
-        seq = _Sequence(i, StopWatch(self.tokenizer, request.until))
-        if request.do_sample:
-            if request.temperature != 1.0:
-                seq.warpers.append(TemperatureLogitsWarper(request.temperature))
-            if request.top_k:
-                seq.warpers.append(TopKLogitsWarper(request.top_k))
-            if request.top_p < 1.0:
-                seq.warpers.append(TopPLogitsWarper(request.top_p))
-            seq.generator = torch.Generator().manual_seed(request.seed)
-        return seq
-
-    def _choose(self, logits: torch.Tensor, batch: Sequence[_Sequence]) -> list[int]:
-        """Each row's next token: argmax for greedy rows; for sampled ones HF's warpers on float32 logits (as HF
-        generate casts them), then one draw from the request's own generator, on the CPU so it is the same draw
-        whatever the device."""
-        greedy = logits.argmax(dim=-1).tolist()
-        out = []
-        for r, seq in enumerate(batch):
-            if seq.generator is None:
-                out.append(greedy[r])
-                continue
-            scores = logits[r:r + 1].float()
-            for warper in seq.warpers:
-                scores = warper(None, scores)
-            probs = torch.softmax(scores, dim=-1)[0].cpu()
-            out.append(int(torch.multinomial(probs, 1, generator=seq.generator)))
-        return out
-
-    def _stops(self, seq: _Sequence, token: int, request: GenerationRequest) -> bool:
-        """Take a new token; True when the sequence is done."""
-        self.generated_tokens += 1
-        hit = seq.watch.push(token)
-        return hit or token in self.eos_ids or len(seq.watch.ids) >= request.max_gen_toks
-
 
 class _Run:
     """One generate() call: requests admitted in sorted order into free slots, decoded one token per step."""
@@ -213,7 +182,7 @@ class _Run:
         used = min(min(self.path.shared_with(c) for c in contexts), shortest)
         target = max(used, min(share, shortest))
         gen = self.gen
-        gen.prefilled_tokens += self.path.set(gen.model, gen.device, contexts[0][:target])
+        gen.prefilled_tokens += self.path.set(gen.model, gen.device, contexts[0][:target], gen.token_budget)
         chunk: list[int] = []
         widest = 0
         for i in members:
@@ -236,15 +205,12 @@ class _Run:
             ids[r, :len(suffix)] = torch.tensor(suffix)
         cache = self.path.for_rows(len(members))
         last = torch.tensor([r * width + len(s) - 1 for r, s in enumerate(suffixes)], device=gen.device)
-        with gather_head_inputs(gen._head, last, len(members), width):
+        with gather_head_inputs(gen.head, last, len(members), width):
             logits = forward(gen.model, ids.to(gen.device), cache).logits[0]
         gen.prefilled_tokens += sum(len(s) for s in suffixes)
-        batch = [gen._start(i, self.requests[i]) for i in members]
-        going = []
-        for r, (seq, token) in enumerate(zip(batch, gen._choose(logits, batch))):
-            if self.stops(seq, token):
-                continue
-            going.append(r)
+        batch = [self.start(i) for i in members]
+        going = [r for r, (seq, token) in enumerate(zip(batch, self.choose(logits, batch)))
+                 if not self.stops(seq, token)]
         self.slots.add(cache, going, [target + len(suffixes[r]) for r in going])
         self.batch.extend(batch[r] for r in going)
 
@@ -254,17 +220,50 @@ class _Run:
         ids = torch.tensor([[seq.watch.ids[-1]] for seq in self.batch], device=gen.device)
         mask, positions = self.slots.step_inputs(gen.device)
         kwargs = {"attention_mask": mask}
-        if gen._takes_positions:
+        if gen.takes_positions:
             kwargs["position_ids"] = positions
         logits = forward(gen.model, ids, self.slots.cache, **kwargs).logits[:, -1]
-        going = [r for r, (seq, token) in enumerate(zip(self.batch, gen._choose(logits, self.batch)))
+        going = [r for r, (seq, token) in enumerate(zip(self.batch, self.choose(logits, self.batch)))
                  if not self.stops(seq, token)]
         self.slots.keep(going)
         self.batch = [self.batch[r] for r in going]
 
+    def start(self, i: int) -> _Sequence:
+        request = self.requests[i]
+        seq = _Sequence(i, StopWatch(self.gen.tokenizer, request.until))
+        if request.do_sample:
+            if request.temperature != 1.0:
+                seq.warpers.append(TemperatureLogitsWarper(request.temperature))
+            if request.top_k:
+                seq.warpers.append(TopKLogitsWarper(request.top_k))
+            if request.top_p < 1.0:
+                seq.warpers.append(TopPLogitsWarper(request.top_p))
+            seq.generator = torch.Generator().manual_seed(request.seed)
+        return seq
+
+    def choose(self, logits: torch.Tensor, batch: Sequence[_Sequence]) -> list[int]:
+        """Each row's next token: argmax for greedy rows; for sampled ones HF's warpers on float32 logits (as HF
+        generate casts them), then one draw from the request's own generator, on the CPU so it is the same draw
+        whatever the device."""
+        greedy = logits.argmax(dim=-1).tolist()
+        out = []
+        for r, seq in enumerate(batch):
+            if seq.generator is None:
+                out.append(greedy[r])
+                continue
+            scores = logits[r:r + 1].float()
+            for warper in seq.warpers:
+                scores = warper(None, scores)
+            probs = torch.softmax(scores, dim=-1)[0].cpu()
+            out.append(int(torch.multinomial(probs, 1, generator=seq.generator)))
+        return out
+
     def stops(self, seq: _Sequence, token: int) -> bool:
+        """Take a new token; True when the sequence is done, its answer then in results."""
         request = self.requests[seq.request]
-        if not self.gen._stops(seq, token, request):
+        self.gen.generated_tokens += 1
+        hit = seq.watch.push(token)
+        if not (hit or token in self.gen.eos_ids or len(seq.watch.ids) >= request.max_gen_toks):
             return False
         self.results[seq.request] = Generated(final_text(self.gen.tokenizer, seq.watch.ids, request.until),
                                               len(seq.watch.ids))
