@@ -158,22 +158,34 @@ class _Run:
                        for a, b in zip(self.order, self.order[1:])]
         self.path = PrefixPath()
         self.slots = Slots()
-        self.batch: list[_Sequence] = []  # the sequences in the slots' rows, in row order
+        # the sequence in each of the slots' rows, None where it stopped: a stopped row is refilled in place by the
+        # next admission, or dropped once stopped rows are half of them and nothing is left to admit
+        self.batch: list[_Sequence | None] = []
+
+    @property
+    def alive(self) -> int:
+        return sum(seq is not None for seq in self.batch)
 
     def run(self, slots: int) -> None:
+        self.capacity = slots
         k = 0
-        while k < len(self.order) or self.batch:
-            if k < len(self.order) and len(self.batch) < slots:
-                n = min(slots - len(self.batch), len(self.order) - k)
+        while k < len(self.order) or self.alive:
+            if k < len(self.order) and self.alive < slots:
+                n = min(slots - self.alive, len(self.order) - k)
                 self.admit(k, n)
                 k += n
-            if self.batch:
+            elif 2 * self.alive <= len(self.batch):
+                rows = [r for r, seq in enumerate(self.batch) if seq is not None]
+                self.slots.keep(rows)
+                self.batch = [self.batch[r] for r in rows]
+            if self.alive:
                 self.step()
 
     def admit(self, k: int, n: int) -> None:
         """Prefill order[k:k + n] over the path of the prefix they share, and give each its first token."""
         members = self.order[k:k + n]
         contexts = [self.requests[i].context for i in members]
+        self.widest = max(len(c) for c in contexts)  # what the slots are reserved as wide as, on the first admission
         shortest = min(len(c) for c in contexts) - 1  # each request prefills at least its last token itself
         if n > 1:
             share = min(self.shares[k:k + n - 1])
@@ -211,22 +223,33 @@ class _Run:
         batch = [self.start(i) for i in members]
         going = [r for r, (seq, token) in enumerate(zip(batch, self.choose(logits, batch)))
                  if not self.stops(seq, token)]
-        self.slots.add(cache, going, [target + len(suffixes[r]) for r in going])
-        self.batch.extend(batch[r] for r in going)
+        if self.slots.cache is None:
+            self.slots.reserve(cache, self.capacity, self.widest)
+            self.batch = [None] * self.capacity
+        free = [r for r, seq in enumerate(self.batch) if seq is None]
+        rows = self.slots.add(cache, going, [target + len(suffixes[r]) for r in going], free)
+        for r, row in zip(going, rows):
+            if row < len(self.batch):
+                self.batch[row] = batch[r]
+            else:
+                self.batch.append(batch[r])
 
     def step(self) -> None:
         """One new token for every slot."""
         gen = self.gen
-        ids = torch.tensor([[seq.watch.ids[-1]] for seq in self.batch], device=gen.device)
+        # A stopped row is fed token 0 at position 0 (its position would otherwise grow past the model's): what it
+        # computes is never read, and no other row attends to it.
+        ids = torch.tensor([[seq.watch.ids[-1] if seq is not None else 0] for seq in self.batch], device=gen.device)
         mask, positions = self.slots.step_inputs(gen.device)
+        positions[[r for r, seq in enumerate(self.batch) if seq is None]] = 0
         kwargs = {"attention_mask": mask}
         if gen.takes_positions:
             kwargs["position_ids"] = positions
         logits = forward(gen.model, ids, self.slots.cache, **kwargs).logits[:, -1]
-        going = [r for r, (seq, token) in enumerate(zip(self.batch, self.choose(logits, self.batch)))
-                 if not self.stops(seq, token)]
-        self.slots.keep(going)
-        self.batch = [self.batch[r] for r in going]
+        for r, (seq, token) in enumerate(zip(self.batch, self.choose(logits, self.batch))):
+            if seq is not None and self.stops(seq, token):
+                self.batch[r] = None
+        self.slots.trim([r for r, seq in enumerate(self.batch) if seq is not None])
 
     def start(self, i: int) -> _Sequence:
         request = self.requests[i]
@@ -241,14 +264,14 @@ class _Run:
             seq.generator = torch.Generator().manual_seed(request.seed)
         return seq
 
-    def choose(self, logits: torch.Tensor, batch: Sequence[_Sequence]) -> list[int]:
+    def choose(self, logits: torch.Tensor, batch: Sequence[_Sequence | None]) -> list[int]:
         """Each row's next token: argmax for greedy rows; for sampled ones HF's warpers on float32 logits (as HF
         generate casts them), then one draw from the request's own generator, on the CPU so it is the same draw
         whatever the device."""
         greedy = logits.argmax(dim=-1).tolist()
         out = []
         for r, seq in enumerate(batch):
-            if seq.generator is None:
+            if seq is None or seq.generator is None:
                 out.append(greedy[r])
                 continue
             scores = logits[r:r + 1].float()

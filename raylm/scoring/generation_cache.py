@@ -31,6 +31,10 @@ from raylm.requests.order import common_prefix_length
 from raylm.scoring.scorer import _crop, forward
 
 
+# The slots' cache is at most this much wider than its longest live sequence, over 1 (see Slots.trim).
+TRIM_FRACTION = 8
+
+
 class PrefixPath:
     """The shared prefix currently cached, batch 1."""
 
@@ -81,10 +85,57 @@ class Slots:
     def __len__(self) -> int:
         return len(self.starts)
 
-    def add(self, prefilled: DynamicCache, rows: Sequence[int], lengths: Sequence[int]) -> None:
-        """Append rows `rows` of a prefill cache (right-padded: row j's keys are its first lengths[j] columns)."""
-        if not rows:
-            return
+    def reserve(self, like: DynamicCache, rows: int, width: int) -> None:
+        """Start with `rows` empty rows `width` columns wide (keys shaped as `like`'s), which the first admission's
+        prefills then fill in place: appending each prefill's rows would copy the whole cache once per prefill."""
+        self.cache = DynamicCache()
+        self.cache.layer_class_to_replicate = _GrowingLayer
+        for l, layer in enumerate(like.layers):
+            self.cache.update(layer.keys.new_zeros(rows, layer.keys.shape[1], width, layer.keys.shape[3]),
+                              layer.values.new_zeros(rows, layer.values.shape[1], width, layer.values.shape[3]), l)
+        self.starts = [width] * rows
+
+    def add(self, prefilled: DynamicCache, rows: Sequence[int], lengths: Sequence[int], free: Sequence[int] = ()
+            ) -> list[int]:
+        """Move rows `rows` of a prefill cache (right-padded: row j's keys are its first lengths[j] columns) into the
+        slots; returns the slot row each landed in. A row goes into a free slot row (one whose sequence stopped) in
+        place, its keys written right-aligned over the stopped sequence's, which copies nothing else unless it is
+        longer than the cache is wide (then every row is padded on the left first); rows beyond the free ones are
+        appended, which copies the cache."""
+        placed: list[int | None] = []
+        free = list(free)
+        appended: list[tuple[int, int]] = []
+        for r, n in zip(rows, lengths):
+            if free and self.cache is not None:
+                if n > self.width:
+                    self._widen(n)
+                row, width = free.pop(0), self.width
+                for new, layer in zip(prefilled.layers, self.cache.layers):
+                    layer.keys[row, :, width - n:] = new.keys[r, :, :n]
+                    layer.values[row, :, width - n:] = new.values[r, :, :n]
+                self.starts[row] = width - n
+                placed.append(row)
+            else:
+                placed.append(None)
+                appended.append((r, n))
+        if appended:
+            first = len(self.starts)
+            self._append(prefilled, [r for r, _ in appended], [n for _, n in appended])
+            rows_after = iter(range(first, len(self.starts)))
+            placed = [row if row is not None else next(rows_after) for row in placed]
+        return placed  # type: ignore[return-value]
+
+    def _widen(self, width: int) -> None:
+        """Pad every row on the left to `width` columns (a copy), for a row that joins longer than the cache."""
+        grow = width - self.width
+        for layer in self.cache.layers:
+            layer.keys = torch.cat([layer.keys.new_zeros(*layer.keys.shape[:2], grow, layer.keys.shape[3]),
+                                    layer.keys], dim=2)
+            layer.values = torch.cat([layer.values.new_zeros(*layer.values.shape[:2], grow, layer.values.shape[3]),
+                                      layer.values], dim=2)
+        self.starts = [start + grow for start in self.starts]
+
+    def _append(self, prefilled: DynamicCache, rows: Sequence[int], lengths: Sequence[int]) -> None:
         width = max(self.width, *lengths)
         grow = width - self.width
         index = torch.tensor(list(rows), device=prefilled.layers[0].keys.device)
@@ -105,7 +156,8 @@ class Slots:
         self.starts = [start + grow for start in self.starts] + [width - n for n in lengths]
 
     def keep(self, rows: Sequence[int]) -> None:
-        """Keep only `rows` (ascending), then cut the columns no kept row uses off the left."""
+        """Keep only `rows` (ascending), then cut the columns no kept row uses off the left: a copy of the cache, so
+        the engine compacts only when stopped rows would otherwise cost more (see _Run.step)."""
         if len(rows) == len(self.starts):
             return
         if not rows:
@@ -119,6 +171,18 @@ class Slots:
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, cut:], layer.values[:, :, cut:]
             self.starts = [start - cut for start in self.starts]
+
+    def trim(self, live: Sequence[int]) -> None:
+        """Cut the columns no live row uses off the left once they are an eighth of the width or more (a cut copies
+        the cache at the next step, so it is amortised): rows refilled in place keep the width growing by a column a
+        step otherwise. A stopped row's keys there go with them; its start only has to stay a column index."""
+        if not live:
+            return
+        cut = min(self.starts[r] for r in live)
+        if cut and cut >= self.width // TRIM_FRACTION:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, cut:], layer.values[:, :, cut:]
+            self.starts = [max(0, start - cut) for start in self.starts]
 
     def step_inputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The 2D attention mask over the cache plus one new column, and each row's next position."""
