@@ -25,9 +25,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # What lm-eval tasks write outside --output (the datasets cache, raylm's copy of lm-eval's task index) goes to a
-# directory of this test session, shared by its CLI subprocesses, so the index is built once per session.
-_SESSION_CACHE = Path(tempfile.mkdtemp(prefix="raylm-test-cache-"))
-atexit.register(shutil.rmtree, _SESSION_CACHE, True)
+# directory of this test session, shared by its xdist workers (they inherit it from the process that spawns them,
+# which made it and removes it at exit) and their CLI subprocesses, so the index is built once per session.
+if "RAYLM_TEST_SESSION_CACHE" in os.environ:
+    _SESSION_CACHE = Path(os.environ["RAYLM_TEST_SESSION_CACHE"])
+else:
+    _SESSION_CACHE = Path(tempfile.mkdtemp(prefix="raylm-test-cache-"))
+    os.environ["RAYLM_TEST_SESSION_CACHE"] = str(_SESSION_CACHE)
+    atexit.register(shutil.rmtree, _SESSION_CACHE, True)
 os.environ.setdefault("HF_DATASETS_CACHE", str(_SESSION_CACHE / "hf-datasets"))
 os.environ.setdefault("RAYLM_CACHE_DIR", str(_SESSION_CACHE / "raylm"))
 
@@ -36,6 +41,20 @@ os.environ.setdefault("RAYLM_CACHE_DIR", str(_SESSION_CACHE / "raylm"))
 # barrier for a thread the kernel has descheduled. Measured on stories260K WikiText rows under that load, one
 # thread scored 4x faster than two.
 torch.set_num_threads(1)
+
+# The files whose tests take longest in all, first: pytest-xdist hands whole files to workers in collection order, so
+# with these first the run does not end on one worker finishing a long file while the others sit idle. From
+# `--durations` of a CI run; a file not named keeps its place after them.
+LONGEST_FIRST = ("test_contamination.py", "test_corpus.py", "test_lmeval_eval.py", "test_sweep.py", "test_golden.py",
+                 "test_generation_parity.py", "test_eval_ray.py", "test_cli.py", "test_autoscaling.py",
+                 "test_quantization.py", "test_resume.py", "test_job_submit.py", "test_node_loss.py",
+                 "test_model_identity.py", "test_generation_tasks.py", "test_mlm_eval.py", "test_fault_tolerance.py",
+                 "test_storage_s3.py", "test_mlm_ppl.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
 
 
 @pytest.fixture(scope="session")
