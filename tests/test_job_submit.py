@@ -171,10 +171,21 @@ def demo_eval(out: Path) -> list[str]:
     return ["eval", "--demo", "--limit", "5", "--output", str(out), "--no-progress"]
 
 
+# What Ray's job server answers before the head's dashboard agent has registered (it comes up after the dashboard
+# answers HTTP, later on a loaded machine): the job was not submitted, and Ray asks to try again.
+NO_AGENT_YET = "No available agent to submit job, please try again later"
+
+
 def submit(address: str, options: list[str], entrypoint: list[str]) -> str:
-    """`ray job submit OPTIONS -- ENTRYPOINT`, which must succeed; the job's output."""
-    proc = subprocess.run([RAY, "job", "submit", "--address", address, *options, "--", *entrypoint],
-                          env=cluster_env(), capture_output=True, text=True, timeout=480)
+    """`ray job submit OPTIONS -- ENTRYPOINT`, which must succeed; the job's output. Submitted again while the head
+    says its agent is not up yet (nothing ran then), until STARTUP_S."""
+    deadline = time.monotonic() + STARTUP_S
+    while True:
+        proc = subprocess.run([RAY, "job", "submit", "--address", address, *options, "--", *entrypoint],
+                              env=cluster_env(), capture_output=True, text=True, timeout=480)
+        if proc.returncode == 0 or NO_AGENT_YET not in proc.stderr or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert proc.returncode == 0 and "succeeded" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
     return proc.stdout
 
