@@ -129,10 +129,7 @@ class Slots:
         """Pad every row on the left to `width` columns (a copy), for a row that joins longer than the cache."""
         grow = width - self.width
         for layer in self.cache.layers:
-            layer.keys = torch.cat([layer.keys.new_zeros(*layer.keys.shape[:2], grow, layer.keys.shape[3]),
-                                    layer.keys], dim=2)
-            layer.values = torch.cat([layer.values.new_zeros(*layer.values.shape[:2], grow, layer.values.shape[3]),
-                                      layer.values], dim=2)
+            layer.keys, layer.values = _pad_left(layer.keys, width), _pad_left(layer.values, width)
         self.starts = [start + grow for start in self.starts]
 
     def _append(self, prefilled: DynamicCache, rows: Sequence[int], lengths: Sequence[int]) -> None:
@@ -200,9 +197,14 @@ def _join(old: torch.Tensor | None, new: torch.Tensor, lengths: Sequence[int], w
         rows[j, :, width - n:] = new[j, :, :n]
     if old is None:
         return rows
-    if old.shape[2] < width:
-        old = torch.cat([old.new_zeros(*old.shape[:2], width - old.shape[2], old.shape[3]), old], dim=2)
-    return torch.cat([old, rows], dim=0)
+    return torch.cat([_pad_left(old, width), rows], dim=0)
+
+
+def _pad_left(states: torch.Tensor, width: int) -> torch.Tensor:
+    """Keys or values (rows, heads, columns, dim) padded with zero columns on the left to `width` columns."""
+    if states.shape[2] >= width:
+        return states
+    return torch.cat([states.new_zeros(*states.shape[:2], width - states.shape[2], states.shape[3]), states], dim=2)
 
 
 class _GrowingLayer(DynamicLayer):

@@ -45,8 +45,8 @@ def gsm8k_yaml(task: str, rel: str) -> str:
     from lm_eval.tasks._yaml_loader import load_yaml
 
     include = Path(lm_eval.tasks.__file__).parent / rel
-    return _mk_local_tasks().override(task, include, _mk_local_tasks().data_files(GSM8K),
-                                      load_yaml(str(include), resolve_func=False))
+    mk = _mk_local_tasks()
+    return mk.override(task, include, mk.data_files(GSM8K), load_yaml(str(include), resolve_func=False))
 
 
 def data_yaml(folder: Path) -> str:
