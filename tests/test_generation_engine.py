@@ -62,6 +62,8 @@ def generate_in_order(model, tokenizer, requests, batch_size, order) -> list[tup
     return answers
 
 
+# The families of tests/tiny_families.py whose attention the engine switches to the shared-prefix function.
+SHARES_PREFIX = {"gpt2", "gpt_neox", "gptj", "llama", "olmo", "olmo2", "opt", "phi"}
 ORDERS = {"given": lambda n: list(range(n)), "reversed": lambda n: list(range(n))[::-1],
           "shuffled": lambda n: random.Random(3).sample(range(n), n)}
 # (slots, order) pairs: one slot (no batching at all), a few (sequences join as others stop), all the budget allows
@@ -87,6 +89,36 @@ def test_float64_random_contexts_equal_the_reference(stories, family):
     for batch_size, order in LAYOUTS:
         got = generate_in_order(model64, tokenizer, requests, batch_size, ORDERS[order](len(requests)))
         assert got == expected, (batch_size, order)
+
+
+def test_a_prefix_every_request_shares_is_attended_once_and_equals_the_reference(stories):
+    """Where a whole call shares a prefix, the families whose attention can be switched keep it once, batch 1
+    (raylm.scoring.shared_prefix_attention): no decode step's cache holds it, and the text equals the reference's on
+    each of them (RoPE in full and in part, absolute and learned positions, GQA, QK-norm, parallel blocks). The rest
+    (sliding windows, soft-capping, ALiBi, attention not routed through transformers' interface) keep the slots'
+    copies, as the test above proves; the model's attention is back to its own after every call."""
+    tokenizer = stories[1]
+    rng = random.Random(7)
+    shared = [rng.randrange(3, fam.VOCAB) for _ in range(40)]
+    contexts = [shared + [rng.randrange(3, fam.VOCAB) for _ in range(rng.randrange(1, 9))] for _ in range(4)]
+    requests = [GenerationRequest(tuple(c), (EOS_TEXT, "."), 3 + i % 2 * 3) for i, c in enumerate(contexts)]
+    taking = set()
+    for family, config in sorted(fam.FAMILIES.items()):
+        torch.manual_seed(0)
+        model64 = tf.AutoModelForCausalLM.from_config(config()).double().eval()
+        own = model64.config._attn_implementation
+        if not Generator(model64, tokenizer).shares_prefix:
+            continue
+        taking.add(family)
+        expected = reference(model64, tokenizer, requests)
+        for batch_size in (None, 2):
+            got = []
+            steps = decode_shapes(model64, lambda: got.extend(Generator(model64, tokenizer, batch_size).generate(
+                requests)))
+            assert [(g.text, g.tokens) for g in got] == expected, (family, batch_size)
+            assert steps and max(width for _, width in steps) < len(shared), family
+        assert model64.config._attn_implementation == own, family
+    assert taking == SHARES_PREFIX
 
 
 def test_float64_real_prompts_sharing_a_head_equal_the_reference(stories, stories64):
@@ -225,8 +257,10 @@ def test_different_seeds_differ_and_top_k_1_is_greedy(stories):
 
 
 def test_a_shared_head_is_prefilled_once_per_call(stories):
-    """Admitted one at a time, every distinct prefix of the contexts runs once; admitted in waves, the prefix a wave
-    shares runs once and a token or two that only part of a wave shares may run per request: never the head."""
+    """Kept once for the whole call (every request shares the head), the head runs once and each request's rest
+    whole. On the path (a model that keeps copies in the slots): admitted one at a time, every distinct prefix of the
+    contexts runs once; admitted in waves, the prefix a wave shares runs once and a token or two that only part of a
+    wave shares may run per request: never the head."""
     model, tokenizer = stories
     requests = real_requests(tokenizer, max_gen_toks=2)
     contexts = [r.context for r in requests]
@@ -235,13 +269,18 @@ def test_a_shared_head_is_prefilled_once_per_call(stories):
     shared = min(common_prefix_length(contexts[0], c) for c in contexts)
     head_once = shared + sum(len(c) - shared for c in contexts)
     assert shared >= len(tokenizer.encode(HEAD)) - 1 and head_once < in_requests / 3
-    for batch_size in (1, 3, None):
+    for shares_prefix, batch_size in ((True, 1), (True, None), (False, 1), (False, 3), (False, None)):
         gen = Generator(model, tokenizer, batch_size)
+        assert gen.shares_prefix  # a Llama
+        gen.shares_prefix = shares_prefix
         gen.generate(requests)
         assert gen.tokens_in_requests == in_requests
         assert gen.generated_tokens == 2 * len(requests)
-        assert (gen.prefilled_tokens == distinct) if batch_size == 1 else (
-            distinct <= gen.prefilled_tokens <= head_once), (batch_size, gen.prefilled_tokens)
+        if shares_prefix:
+            assert gen.prefilled_tokens == head_once, batch_size
+        else:
+            assert (gen.prefilled_tokens == distinct) if batch_size == 1 else (
+                distinct <= gen.prefilled_tokens <= head_once), (batch_size, gen.prefilled_tokens)
         first = gen.prefilled_tokens
         gen.generate(requests)  # counters add up over calls; a call does not keep another's prefix
         assert (gen.prefilled_tokens, gen.tokens_in_requests) == (2 * first, 2 * in_requests)
@@ -283,12 +322,14 @@ def test_a_stopped_sequence_frees_its_slot(stories):
 
 def test_slots_are_sized_from_the_kv_budget_and_the_cache_stays_as_wide_as_its_longest_sequence(stories,
                                                                                                  monkeypatch):
+    """The slots hold what follows the head every request shares (kept once): the budget is spent on that."""
     model, tokenizer = stories
     requests = real_requests(tokenizer, max_gen_toks=12, until=(",", EOS_TEXT))
-    longest = max(len(r.context) + r.max_gen_toks for r in requests)
+    shared = min(common_prefix_length(requests[0].context, r.context) for r in requests)
+    longest = max(len(r.context) - shared + r.max_gen_toks for r in requests)
     monkeypatch.setitem(generation.KV_BUDGET_BYTES, "cpu", 3 * longest * generation.kv_bytes_per_token(model))
     gen = Generator(model, tokenizer)
-    assert gen.slots_for(requests) == 3
+    assert gen.slots_for(requests, shared) == 3 and gen.slots_for(requests) == 1
     got = []
     steps = decode_shapes(model, lambda: got.extend(gen.generate(requests)))
     assert max(rows for rows, _ in steps) == 3

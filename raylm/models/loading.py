@@ -31,10 +31,13 @@ if TYPE_CHECKING:
 # other layers (stories260K's 172-wide MLP) must take its generic path or the first forward fails.
 CPU_PACKED_4BIT_BLOCK_N = 32
 # On CPUs with AVX512-BF16, importing bitsandbytes tries to fetch an optional 4-bit kernel from the Hugging Face hub
-# through the `kernels` package and warns when it cannot. Its built-in CPU kernel is what runs either way, so the
-# warning (once per actor, on every 4-bit load) tells a raylm user nothing they can act on.
-BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
-HUB_KERNEL_WARNING = "Failed to load CPU gemm_4bit_forward from kernels-community"
+# through the `kernels` package and warns when it cannot; offline, `kernels` (0.19.1 on) first warns that it skips
+# the kernel's publisher check. Its built-in CPU kernel is what runs either way, so these warnings (once per actor,
+# on every 4-bit load) tell a raylm user nothing they can act on: logger -> the start of the message dropped.
+HUB_KERNEL_WARNINGS = {
+    "bitsandbytes.backends.cpu.ops": "Failed to load CPU gemm_4bit_forward from kernels-community",
+    "kernels._internals.hf_hub": "Skipping publisher trust check for 'kernels-community/quantization-bitsandbytes'",
+}
 _TRANSFORMERS_IMPORT = threading.Lock()
 
 
@@ -263,7 +266,8 @@ def quantization_config(quantization: str):
     import torch
 
     check_quantization(quantization)
-    logging.getLogger(BNB_CPU_LOGGER).addFilter(_drop_hub_kernel_warning)
+    for logger, message in HUB_KERNEL_WARNINGS.items():
+        logging.getLogger(logger).addFilter(_HubKernelWarning(message))
     import bitsandbytes  # noqa: F401  (imported now so the filter above is in place before it logs)
     from transformers import BitsAndBytesConfig
 
@@ -273,8 +277,22 @@ def quantization_config(quantization: str):
                               bnb_4bit_compute_dtype=torch.bfloat16)
 
 
-def _drop_hub_kernel_warning(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith(HUB_KERNEL_WARNING)
+class _HubKernelWarning(logging.Filter):
+    """Drops one logger's hub-kernel warning (HUB_KERNEL_WARNINGS); equal filters count once, so adding one per
+    load keeps a single filter on each logger."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _HubKernelWarning) and other.message == self.message
+
+    def __hash__(self) -> int:
+        return hash(self.message)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(self.message)
 
 
 def _avoid_unpackable_cpu_4bit(model: torch.nn.Module) -> None:

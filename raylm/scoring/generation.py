@@ -7,6 +7,11 @@ with less work, and is built so that none of its shortcuts can change a generati
 * Requests are admitted in sorted token order, so requests that share a prompt prefix (few-shot exemplars, a
   system prompt, a chat template's head) come together; the shared prefix is run once into a batch-1 KV cache (the
   path, raylm.scoring.generation_cache) and each request prefills only what follows it, over that cache.
+* Where every request of the call shares a prefix (SHARED_PREFIX_MIN_TOKENS or more) and the model's attention
+  allows it (raylm.scoring.shared_prefix_attention), that prefix stays batch 1 for the whole call: the slots hold
+  only what follows it, and every decoding step attends to it once for all rows instead of to a copy in each row.
+  Prefills keep the model's own attention over the prefix broadcast to their rows, and hand the slots only the
+  columns after it.
 * Decoding is continuously batched: a fixed number of slots, each holding one sequence; a sequence that stops (an
   eos id, a stop string, max_gen_toks) gives its slot to the next request at once. Sequences of different lengths
   share one cache right-aligned, as HF generate's left padding, with a 2D mask and true positions, so each sees
@@ -45,6 +50,7 @@ from raylm.models.devices import input_device
 from raylm.models.loading import text_config
 from raylm.requests.order import common_prefix_length
 from raylm.scoring.generation_cache import PrefixPath, Slots
+from raylm.scoring.shared_prefix_attention import attending_to, prefix_attention, takes_shared_prefix
 from raylm.scoring.generation_text import StopWatch, final_text
 from raylm.scoring.scorer import (GPU_START_TOKEN_BUDGET, LOGITS_BUDGET_BYTES, RequestDoesNotFit, cpu_token_budget,
                                   forward, gather_head_inputs, max_predicted_positions)
@@ -52,6 +58,9 @@ from raylm.scoring.scorer import (GPU_START_TOKEN_BUDGET, LOGITS_BUDGET_BYTES, R
 # The slots' keys and values stay within this many bytes, sized for the longest request of a call (context plus
 # max_gen_toks): what grows with the slot count is the KV cache, as the logits are with positions in the scorer.
 KV_BUDGET_BYTES = {"cpu": 2 * 2**30, "cuda": 16 * 2**30}
+# A prefix every request of a call shares is kept once (batch 1) for the whole call from this many tokens: below it
+# the rows' copies cost little, and admissions that share more than the call does still share it on the path.
+SHARED_PREFIX_MIN_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -101,16 +110,18 @@ class Generator:
         # HF generate passes position ids to the models that take them; the others (ALiBi) read positions from the
         # 2D mask.
         self.takes_positions = "position_ids" in inspect.signature(model.forward).parameters
+        self.shares_prefix = self.takes_positions and takes_shared_prefix(model)
         self.token_budget = GPU_START_TOKEN_BUDGET if self.device.type == "cuda" else cpu_token_budget(model.config)
         self._max_rows = max_predicted_positions(model, head, LOGITS_BUDGET_BYTES.get(
             self.device.type, LOGITS_BUDGET_BYTES["cuda"]))
 
-    def slots_for(self, requests: Sequence[GenerationRequest]) -> int:
-        """batch_size, else as many slots as the longest request's KV cache fits KV_BUDGET_BYTES, within the token
-        budget of one forward pass and the logits budget (one row of logits per slot)."""
+    def slots_for(self, requests: Sequence[GenerationRequest], shared: int = 0) -> int:
+        """batch_size, else as many slots as the longest request's KV cache (less a `shared` prefix kept once) fits
+        KV_BUDGET_BYTES, within the token budget of one forward pass and the logits budget (one row of logits per
+        slot)."""
         if self.batch_size:
             return max(1, min(self.batch_size, len(requests)))
-        longest = max(len(r.context) + r.max_gen_toks for r in requests)
+        longest = max(len(r.context) - shared + r.max_gen_toks for r in requests)
         budget = KV_BUDGET_BYTES.get(self.device.type, KV_BUDGET_BYTES["cuda"])
         fits = budget // max(1, kv_bytes_per_token(self.model) * longest)
         return max(1, min(len(requests), fits, self.token_budget, self._max_rows))
@@ -127,7 +138,11 @@ class Generator:
             if request.max_gen_toks == 0:
                 results[i] = Generated("", 0)
         if todo:
-            _Run(self, requests, todo, results).run(self.slots_for([requests[i] for i in todo]))
+            contexts = sorted(requests[i].context for i in todo)
+            shared = min(common_prefix_length(contexts[0], contexts[-1]), len(min(contexts, key=len)) - 1)
+            if not (self.shares_prefix and shared >= SHARED_PREFIX_MIN_TOKENS):
+                shared = 0
+            _Run(self, requests, todo, results, shared).run(self.slots_for([requests[i] for i in todo], shared))
         return results  # type: ignore[return-value]
 
     def _check(self, i: int, request: GenerationRequest) -> None:
@@ -147,11 +162,15 @@ class Generator:
 
 
 class _Run:
-    """One generate() call: requests admitted in sorted order into free slots, decoded one token per step."""
+    """One generate() call: requests admitted in sorted order into free slots, decoded one token per step.
+
+    shared > 0: the call's requests all begin with `shared` tokens, kept once on the path for the whole call; the
+    slots hold only the tokens after them, and decoding steps attend to the path first (the model switched to
+    shared_prefix_attention for each step), at the rows' true positions."""
 
     def __init__(self, gen: Generator, requests: Sequence[GenerationRequest], todo: list[int],
-                 results: list[Generated | None]):
-        self.gen, self.requests, self.results = gen, requests, results
+                 results: list[Generated | None], shared: int = 0):
+        self.gen, self.requests, self.results, self.shared = gen, requests, results, shared
         self.order = sorted(todo, key=lambda i: requests[i].context)
         # shares[k]: the prefix order[k] shares with order[k + 1]
         self.shares = [common_prefix_length(requests[a].context, requests[b].context)
@@ -185,9 +204,12 @@ class _Run:
         """Prefill order[k:k + n] over the path of the prefix they share, and give each its first token."""
         members = self.order[k:k + n]
         contexts = [self.requests[i].context for i in members]
-        self.widest = max(len(c) for c in contexts)  # what the slots are reserved as wide as, on the first admission
+        # what the slots are reserved as wide as, on the first admission
+        self.widest = max(len(c) for c in contexts) - self.shared
         shortest = min(len(c) for c in contexts) - 1  # each request prefills at least its last token itself
-        if n > 1:
+        if self.shared:
+            share = shortest = self.shared
+        elif n > 1:
             share = min(self.shares[k:k + n - 1])
         else:  # a lone request caches what it shares with either neighbour, for the next admission to reuse
             share = max(self.shares[k - 1] if k > 0 else 0, self.shares[k] if k < len(self.shares) else 0)
@@ -227,7 +249,8 @@ class _Run:
             self.slots.reserve(cache, self.capacity, self.widest)
             self.batch = [None] * self.capacity
         free = [r for r, seq in enumerate(self.batch) if seq is None]
-        rows = self.slots.add(cache, going, [target + len(suffixes[r]) for r in going], free)
+        rows = self.slots.add(cache, going, [target - self.shared + len(suffixes[r]) for r in going], free,
+                              skip=self.shared)
         for r, row in zip(going, rows):
             if row < len(self.batch):
                 self.batch[row] = batch[r]
@@ -241,11 +264,16 @@ class _Run:
         # computes is never read, and no other row attends to it.
         ids = torch.tensor([[seq.watch.ids[-1] if seq is not None else 0] for seq in self.batch], device=gen.device)
         mask, positions = self.slots.step_inputs(gen.device)
+        positions += self.shared
         positions[[r for r, seq in enumerate(self.batch) if seq is None]] = 0
         kwargs = {"attention_mask": mask}
         if gen.takes_positions:
             kwargs["position_ids"] = positions
-        logits = forward(gen.model, ids, self.slots.cache, **kwargs).logits[:, -1]
+        if self.shared:
+            with prefix_attention(gen.model), attending_to(self.path.cache):
+                logits = forward(gen.model, ids, self.slots.cache, **kwargs).logits[:, -1]
+        else:
+            logits = forward(gen.model, ids, self.slots.cache, **kwargs).logits[:, -1]
         for r, (seq, token) in enumerate(zip(self.batch, self.choose(logits, self.batch))):
             if seq is not None and self.stops(seq, token):
                 self.batch[r] = None

@@ -90,15 +90,14 @@ class Slots:
         prefills then fill in place: appending each prefill's rows would copy the whole cache once per prefill."""
         self.cache = DynamicCache()
         self.cache.layer_class_to_replicate = _GrowingLayer
-        for l, layer in enumerate(like.layers):
-            self.cache.update(layer.keys.new_zeros(rows, layer.keys.shape[1], width, layer.keys.shape[3]),
-                              layer.values.new_zeros(rows, layer.values.shape[1], width, layer.values.shape[3]), l)
+        for layer in like.layers:
+            self.cache.layers.append(_GrowingLayer.reserved(layer.keys, layer.values, rows, width))
         self.starts = [width] * rows
 
-    def add(self, prefilled: DynamicCache, rows: Sequence[int], lengths: Sequence[int], free: Sequence[int] = ()
-            ) -> list[int]:
-        """Move rows `rows` of a prefill cache (right-padded: row j's keys are its first lengths[j] columns) into the
-        slots; returns the slot row each landed in. A row goes into a free slot row (one whose sequence stopped) in
+    def add(self, prefilled: DynamicCache, rows: Sequence[int], lengths: Sequence[int], free: Sequence[int] = (),
+            skip: int = 0) -> list[int]:
+        """Move rows `rows` of a prefill cache (right-padded: row j's keys are the lengths[j] columns after its
+        first `skip`, a prefix the slots do not hold) into the slots; returns the slot row each landed in. A row goes into a free slot row (one whose sequence stopped) in
         place, its keys written right-aligned over the stopped sequence's, which copies nothing else unless it is
         longer than the cache is wide (then every row is padded on the left first); rows beyond the free ones are
         appended, which copies the cache."""
@@ -111,8 +110,8 @@ class Slots:
                     self._widen(n)
                 row, width = free.pop(0), self.width
                 for new, layer in zip(prefilled.layers, self.cache.layers):
-                    layer.keys[row, :, width - n:] = new.keys[r, :, :n]
-                    layer.values[row, :, width - n:] = new.values[r, :, :n]
+                    layer.keys[row, :, width - n:] = new.keys[r, :, skip:skip + n]
+                    layer.values[row, :, width - n:] = new.values[r, :, skip:skip + n]
                 self.starts[row] = width - n
                 placed.append(row)
             else:
@@ -120,7 +119,7 @@ class Slots:
                 appended.append((r, n))
         if appended:
             first = len(self.starts)
-            self._append(prefilled, [r for r, _ in appended], [n for _, n in appended])
+            self._append(prefilled, [r for r, _ in appended], [n for _, n in appended], skip)
             rows_after = iter(range(first, len(self.starts)))
             placed = [row if row is not None else next(rows_after) for row in placed]
         return placed  # type: ignore[return-value]
@@ -132,16 +131,17 @@ class Slots:
             layer.keys, layer.values = _pad_left(layer.keys, width), _pad_left(layer.values, width)
         self.starts = [start + grow for start in self.starts]
 
-    def _append(self, prefilled: DynamicCache, rows: Sequence[int], lengths: Sequence[int]) -> None:
+    def _append(self, prefilled: DynamicCache, rows: Sequence[int], lengths: Sequence[int], skip: int) -> None:
         width = max(self.width, *lengths)
         grow = width - self.width
         index = torch.tensor(list(rows), device=prefilled.layers[0].keys.device)
         joined = []
         for l, new in enumerate(prefilled.layers):
             old = self.cache.layers[l] if self.cache is not None else None
-            joined.append((_join(None if old is None else old.keys, new.keys.index_select(0, index), lengths, width),
-                           _join(None if old is None else old.values, new.values.index_select(0, index), lengths,
-                                 width)))
+            joined.append((_join(None if old is None else old.keys, new.keys[:, :, skip:].index_select(0, index),
+                                 lengths, width),
+                           _join(None if old is None else old.values, new.values[:, :, skip:].index_select(0, index),
+                                 lengths, width)))
         if self.cache is None:
             self.cache = DynamicCache()
             self.cache.layer_class_to_replicate = _GrowingLayer
@@ -216,6 +216,20 @@ class _GrowingLayer(DynamicLayer):
         super().__init__()
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    @classmethod
+    def reserved(cls, keys_like: torch.Tensor, values_like: torch.Tensor, rows: int, width: int) -> _GrowingLayer:
+        """`rows` rows of `width` zero columns (keys and values shaped as the given ones'), in buffers with room to
+        grow: allocated once, and only the columns in use written (zeros, so a masked column's keys and values are
+        finite), where an update of zeros would allocate the zeros and then copy them into the buffers; for a
+        slot per sequence over a few-shot prompt these are gigabytes."""
+        layer = cls()
+        layer.lazy_initialization(keys_like, values_like)
+        layer._buffers = tuple(_room(states, rows, width) for states in (keys_like, values_like))
+        for buffer in layer._buffers:
+            buffer[:, :, :width].zero_()
+        layer.keys, layer.values = (buffer[:, :, :width] for buffer in layer._buffers)
+        return layer
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
@@ -225,9 +239,7 @@ class _GrowingLayer(DynamicLayer):
         buffers = self._buffers
         if buffers is None or new > buffers[0].shape[2] or not (_view_of(self.keys, buffers[0])
                                                                  and _view_of(self.values, buffers[1])):
-            room = new + max(64, new // 4)  # a copy per quarter of growth: amortised, and a quarter more memory
-            buffers = tuple(states.new_empty(*states.shape[:2], room, states.shape[3])
-                            for states in (key_states, value_states))
+            buffers = tuple(_room(states, states.shape[0], new) for states in (key_states, value_states))
             if old:
                 buffers[0][:, :, :old] = self.keys
                 buffers[1][:, :, :old] = self.values
@@ -236,6 +248,12 @@ class _GrowingLayer(DynamicLayer):
         buffers[1][:, :, old:new] = value_states
         self.keys, self.values = buffers[0][:, :, :new], buffers[1][:, :, :new]
         return self.keys, self.values
+
+
+def _room(like: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """An uninitialised buffer for `rows` rows of `width` columns and room to grow: a copy per quarter of growth,
+    amortised, for a quarter more memory."""
+    return like.new_empty(rows, like.shape[1], width + max(64, width // 4), like.shape[3])
 
 
 def _view_of(states: torch.Tensor, buffer: torch.Tensor) -> bool:
