@@ -1,6 +1,7 @@
 """raylm's generations against lm-evaluation-harness 0.4.13's own (tests/golden/lmeval-0.4.13_generation.json, made
 by tests/golden/make_generation.py with HFLM, float32, greedy): gsm8k 5-shot at the task's 256 new tokens, gsm8k_cot
-8-shot, the mmlu_generative group 5-shot, gsm8k on seeded gpt2, llama and mistral (sliding window) models whose
+8-shot and 1-shot (whose prompts all share the exemplar: the engine attends to it once per step), the mmlu_generative
+group 5-shot, gsm8k on seeded gpt2, llama and mistral (sliding window) models whose
 128-token context cuts the prompts, and a chat-template multiturn run. Every run goes through `evaluate` on an actor
 of the session's Ray, as `raylm eval` runs it: prompts (by lm-eval's hash), generations, filtered responses,
 per-document metrics, task and group results equal, character for character."""

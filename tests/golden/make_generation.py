@@ -55,6 +55,10 @@ RUNS: dict[str, dict] = {
     "stories_gsm8k_5shot": {"model": "stories", "tasks": ["gsm8k_local"], "num_fewshot": 5, "limit": 8},
     "stories_gsm8k_cot_8shot": {"model": "stories", "tasks": ["gsm8k_cot_local"], "num_fewshot": 8, "limit": 8,
                                 "gen_kwargs": "max_gen_toks=32"},
+    # one exemplar, the same before every question, leaves every prompt whole in stories260K's 512 positions: they
+    # share it, so the engine keeps it once and attends to it once per step (raylm.scoring.shared_prefix_attention)
+    "stories_gsm8k_cot_1shot": {"model": "stories", "tasks": ["gsm8k_cot_local"], "num_fewshot": 1, "limit": 8,
+                                "gen_kwargs": "max_gen_toks=32"},
     "stories_mmlu_generative_5shot": {"model": "stories", "tasks": ["mmlu_generative_local"], "num_fewshot": 5,
                                       "limit": 2, "gen_kwargs": "max_gen_toks=32"},
     **{f"{family}_gsm8k_5shot": {"model": family, "tasks": ["gsm8k_local"], "num_fewshot": 5, "limit": 8,
