@@ -44,9 +44,9 @@ def drill_tasks(local_tasks, tmp_path_factory):
 
 def eval_args(model, tasks, out, limit=6):
     return ["eval", "--model", str(model), "--tasks",
-            f"hellaswag,winogrande,wikitext,arc_easy_local,mmlu_local_humanities,{GENERATION}", "--include-path", str(tasks),
-            "--data-dir", str(DATA), "--limit", str(limit), "--shard-size", "4", "--gen-kwargs", "max_gen_toks=8",
-            "--bootstrap-iters", "100", "--output", str(out), "--no-progress"]
+            f"hellaswag,winogrande,wikitext,arc_easy_local,mmlu_local_humanities,{GENERATION}",
+            "--include-path", str(tasks), "--data-dir", str(DATA), "--limit", str(limit), "--shard-size", "4",
+            "--gen-kwargs", "max_gen_toks=8", "--bootstrap-iters", "100", "--output", str(out), "--no-progress"]
 
 
 def checkpointed(out):

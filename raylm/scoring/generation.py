@@ -50,10 +50,10 @@ from raylm.models.devices import input_device
 from raylm.models.loading import text_config
 from raylm.requests.order import common_prefix_length
 from raylm.scoring.generation_cache import PrefixPath, Slots
-from raylm.scoring.shared_prefix_attention import attending_to, prefix_attention, takes_shared_prefix
 from raylm.scoring.generation_text import StopWatch, final_text
 from raylm.scoring.scorer import (GPU_START_TOKEN_BUDGET, LOGITS_BUDGET_BYTES, RequestDoesNotFit, cpu_token_budget,
                                   forward, gather_head_inputs, max_predicted_positions)
+from raylm.scoring.shared_prefix_attention import attending_to, prefix_attention, takes_shared_prefix
 
 # The slots' keys and values stay within this many bytes, sized for the longest request of a call (context plus
 # max_gen_toks): what grows with the slot count is the KV cache, as the logits are with positions in the scorer.

@@ -29,7 +29,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from raylm.models.loading import text_config
 
 NAME = "raylm_shared_prefix"
-# The shared prefix's cache while a forward pass runs (None: attend to the rows' own keys only).
+# The shared prefix's cache while a forward pass runs (attending_to).
 _PREFIX: ContextVar[DynamicCache | None] = ContextVar(NAME, default=None)
 # Config fields that change attention in a way the function does not reproduce, where set.
 _UNSUPPORTED = ("sliding_window", "attn_logit_softcapping", "reorder_and_upcast_attn")
@@ -41,31 +41,30 @@ def shared_prefix_attention(module: torch.nn.Module, query: torch.Tensor, key: t
     """Eager attention over [shared prefix keys, the row's own keys]: query (rows, heads, q, dim), key and value
     (rows, kv heads, k, dim), the prefix's (1, kv heads, p, dim); returns (rows, q, heads, dim) as transformers'
     attention functions do."""
+    prefix = _PREFIX.get()
+    if prefix is None:
+        raise RuntimeError(f"{NAME} ran outside attending_to(prefix): it has no shared prefix to attend to")
     if kwargs.get("s_aux") is not None or kwargs.get("softcap") is not None:
         raise ValueError(f"{NAME} does not apply attention sinks or soft-capping; the engine must not use it here")
     rows, heads, q, dim = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
     scaling = dim ** -0.5 if scaling is None else scaling
+    layer = prefix.layers[module.layer_idx]
+    p = layer.keys.shape[-2]
     grouped = query.reshape(rows, kv_heads, groups * q, dim)
-    scores = torch.matmul(grouped, key.transpose(-1, -2)).mul_(scaling)  # (rows, kv heads, groups * q, k)
+    own = torch.matmul(grouped, key.transpose(-1, -2)).mul_(scaling)  # (rows, kv heads, groups * q, k)
     if attention_mask is not None:
         mask = attention_mask[:, :, :, :key.shape[-2]]  # (rows or 1, 1, q, k), as eager slices it
-        scores = scores.view(rows, kv_heads, groups, q, -1).add_(mask[:, :, None]).view(rows, kv_heads, groups * q, -1)
-    prefix = _PREFIX.get()
-    p = 0
-    if prefix is not None:
-        layer = prefix.layers[module.layer_idx]
-        p = layer.keys.shape[-2]
-        # (kv heads, rows * groups * q, dim) @ (kv heads, dim, p): the prefix's keys read once for every row
-        by_head = grouped.transpose(0, 1).reshape(kv_heads, rows * groups * q, dim)
-        on_prefix = torch.matmul(by_head, layer.keys[0].transpose(-1, -2)).mul_(scaling)
-        scores = torch.cat([on_prefix.view(kv_heads, rows, groups * q, p).transpose(0, 1), scores], dim=-1)
+        own = own.view(rows, kv_heads, groups, q, -1).add_(mask[:, :, None]).view(rows, kv_heads, groups * q, -1)
+    # (kv heads, rows * groups * q, dim) @ (kv heads, dim, p): the prefix's keys read once for every row
+    by_head = grouped.transpose(0, 1).reshape(kv_heads, rows * groups * q, dim)
+    on_prefix = torch.matmul(by_head, layer.keys[0].transpose(-1, -2)).mul_(scaling)
+    scores = torch.cat([on_prefix.view(kv_heads, rows, groups * q, p).transpose(0, 1), own], dim=-1)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     out = torch.matmul(weights[..., p:], value)  # (rows, kv heads, groups * q, dim)
-    if prefix is not None:
-        on_prefix = weights[..., :p].transpose(0, 1).reshape(kv_heads, rows * groups * q, p)
-        out += torch.matmul(on_prefix, layer.values[0]).view(kv_heads, rows, groups * q, dim).transpose(0, 1)
+    to_prefix = weights[..., :p].transpose(0, 1).reshape(kv_heads, rows * groups * q, p)
+    out += torch.matmul(to_prefix, layer.values[0]).view(kv_heads, rows, groups * q, dim).transpose(0, 1)
     return out.view(rows, heads, q, dim).transpose(1, 2), None
 
 
@@ -96,7 +95,7 @@ def prefix_attention(model: torch.nn.Module) -> Iterator[None]:
 
 
 @contextmanager
-def attending_to(prefix: DynamicCache | None) -> Iterator[None]:
+def attending_to(prefix: DynamicCache) -> Iterator[None]:
     """Forward passes in the block attend to `prefix` (batch 1) before each row's own keys."""
     token = _PREFIX.set(prefix)
     try:
