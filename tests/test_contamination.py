@@ -24,10 +24,10 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 from lm_eval.api.model import LM
-from lm_eval.tasks import TaskManager
 
 import raylm.contamination.scan as scan_module
-from conftest import DATA, SHARED, restart_ray, run_cli
+from conftest import DATA, SHARED, restart_ray, run_cli, tasks_only
+from raylm.cli import main
 from raylm.config import EvalConfig
 from raylm.contamination.documents import load_scan_tasks
 from raylm.contamination.ngrams import normalize
@@ -302,7 +302,7 @@ def test_a_failing_actor_or_a_bad_row_is_one_line_and_leaves_nothing(jsonl_scan,
     assert [p.name for p in (tmp_path / "out2").iterdir()] == [LOCK_FILE]
 
 
-def test_cli_prints_the_table_writes_the_chart_and_keeps_what_is_not_its_own(corpus, tmp_path):
+def test_cli_prints_the_table_writes_the_chart_and_keeps_what_is_not_its_own(corpus, tmp_path, capsys):
     data = write_jsonl(tmp_path / "corpus.jsonl", corpus[0])
     out = tmp_path / "out"
     args = ("contamination", "--tasks", "winogrande,hellaswag", "--corpus", str(data), "--text-column", "body",
@@ -318,8 +318,9 @@ def test_cli_prints_the_table_writes_the_chart_and_keeps_what_is_not_its_own(cor
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "contamination.json").write_text('{"mine": true}')
-    proc = run_cli(*args[:-3], "--output", str(foreign), "--no-progress")
-    assert proc.returncode == 2 and "was not written by raylm" in proc.stderr
+    capsys.readouterr()
+    assert main([*args[:-3], "--output", str(foreign), "--no-progress"]) == 2  # refused before any scan
+    assert "was not written by raylm" in capsys.readouterr().err
     assert (foreign / "contamination.json").read_text() == '{"mine": true}'
 
 
@@ -382,7 +383,7 @@ def test_decontaminated_metrics_are_lm_evals_on_the_clean_documents_alone(local_
     assert {n: full_pass(m) for n, m in ours["results"].items()} == plain["results"]
     selected = {task: sorted(ids) for task, ids in clean.items()}
     theirs = lm_eval.simple_evaluate(model=ReplayLM(scores, selected), tasks=names,
-                                     task_manager=TaskManager(include_path=str(tasks_dir)), samples=selected,
+                                     task_manager=tasks_only(tasks_dir), samples=selected,
                                      bootstrap_iters=100, random_seed=SEEDS[0], numpy_random_seed=SEEDS[1],
                                      torch_random_seed=SEEDS[2], fewshot_random_seed=SEEDS[3])
     assert_decontaminated_are_lm_evals(ours, theirs, [*built.tasks["tasks"], *theirs["groups"]])
@@ -421,7 +422,7 @@ def test_samples_are_decontaminated_by_their_own_index(local_tasks):
     by_index = {(task, samples[doc_id], idx): score for (task, doc_id, idx), score in scores.items()}
     selected = {name: sorted(clean[name])}
     theirs = lm_eval.simple_evaluate(model=ReplayLM(by_index, selected), tasks=[name],
-                                     task_manager=TaskManager(include_path=str(local_tasks)), samples=selected,
+                                     task_manager=tasks_only(local_tasks), samples=selected,
                                      bootstrap_iters=100, random_seed=SEEDS[0], numpy_random_seed=SEEDS[1],
                                      torch_random_seed=SEEDS[2], fewshot_random_seed=SEEDS[3])
     assert_decontaminated_are_lm_evals(ours, theirs, [name])
@@ -447,8 +448,6 @@ def test_eval_command_line_takes_the_documented_flags(ray_session, tiny_llama, c
     above, --samples and --system-instruction against lm-eval's goldens, 4-bit loading, GPUs per actor): each
     reaches the run from the command line, as results.json and the sample log show (tests/test_docs.py asks
     that some test run every documented flag)."""
-    from raylm.cli import main
-
     _, scan_dir, _, _, _ = jsonl_scan
     chosen = [3, 0, 2]
     out = tmp_path / "out"
@@ -504,7 +503,7 @@ def test_eval_decontaminate_end_to_end(ray_session, tiny_llama, local_tasks, gol
                 for name, golden in (("winogrande", "winogrande_local"), ("hellaswag", "hellaswag_local"),
                                      ("wikitext", "wikitext_local"))}
     theirs = lm_eval.simple_evaluate(model=ReplayLM(scores, selected), tasks=list(selected),
-                                     task_manager=TaskManager(include_path=str(golden_tasks)), samples=selected,
+                                     task_manager=tasks_only(golden_tasks), samples=selected,
                                      bootstrap_iters=100)
     native = out["results"]
     for name, golden in (("winogrande", "winogrande_local"), ("hellaswag", "hellaswag_local"),

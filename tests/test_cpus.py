@@ -1,4 +1,5 @@
-"""CPUs the local Ray is sized to: the affinity mask, capped by a cgroup CPU quota (v2 and v1), not the machine's."""
+"""CPUs the local Ray is sized to: the affinity mask, capped by a cgroup CPU quota (v2 and v1), not the machine's;
+and the niceness its actors run at."""
 
 from __future__ import annotations
 
@@ -46,19 +47,24 @@ def test_the_affinity_mask_counts_not_the_machines_cores(tmp_path, monkeypatch):
 
 
 PROBE = """
-import ray
-from raylm.cluster.runtime import connect
+import os, sys, psutil, ray
+from raylm.models.spec import ModelSpec
+from raylm.cluster.runtime import connect, plan_actors
 connect()
 print(ray.cluster_resources()["CPU"])
+recipe, _ = plan_actors(ModelSpec(sys.argv[1], "float32", "cpu"), 1, None, num_cpus=1)
+print(psutil.Process(ray.get(recipe.start().ready.remote())).nice() - os.nice(0))
 """
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to pin one")
-def test_the_local_ray_has_the_cpus_the_process_is_pinned_to():
+def test_the_local_ray_has_the_cpus_the_process_is_pinned_to_and_runs_actors_at_its_niceness(tiny_llama):
+    """raylm's own connect() starting the local Ray, in a fresh process pinned to one CPU, as the CLI runs: Ray
+    counts that one CPU, and the actor runs at the driver's niceness (Ray's default would be +15, where every other
+    runnable process preempts the actor's threads)."""
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
     cpu = min(os.sched_getaffinity(0))
-    proc = subprocess.run(["taskset", "-c", str(cpu), sys.executable, "-c", PROBE], capture_output=True, text=True,
-                          env=env, timeout=300)
+    proc = subprocess.run(["taskset", "-c", str(cpu), sys.executable, "-c", PROBE, str(tiny_llama)],
+                          capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "1.0"
+    assert proc.stdout.strip().splitlines()[-2:] == ["1.0", "0"]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import ray
@@ -135,25 +133,3 @@ def test_bad_data_fails_before_any_actor_is_launched(ray_session, tiny_llama, tm
     spec = ModelSpec(str(tiny_llama), dtype="float32", device="cpu")
     with pytest.raises(InputError, match="row 1: malformed JSON"):
         evaluate(EvalConfig(spec, ("hellaswag",), tmp_path, progress=False))
-
-
-ACTOR_NICENESS = """
-import os, sys, psutil, ray
-from raylm.models.spec import ModelSpec
-from raylm.models.loading import load_config, load_tokenizer
-from raylm.cluster.runtime import connect, plan_actors
-connect()
-recipe, _ = plan_actors(ModelSpec(sys.argv[1], "float32", "cpu"), 1, None, num_cpus=1)
-print(psutil.Process(ray.get(recipe.start().ready.remote())).nice() - os.nice(0))
-"""
-
-
-def test_actors_on_the_local_ray_run_at_the_drivers_niceness(tiny_llama):
-    """Ray's default would be +15, where every other runnable process preempts the actor's threads. Run in a
-    fresh process, as the CLI runs, so that it is raylm's own connect() that starts the local Ray."""
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-c", ACTOR_NICENESS, str(tiny_llama)], capture_output=True, text=True,
-                          env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "0"

@@ -5,7 +5,9 @@ sweeps with lm-eval names, and lm_eval.simple_evaluate on raylm's actors through
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import json
 import subprocess
 import sys
@@ -14,9 +16,8 @@ import lm_eval
 import pyarrow.parquet as pq
 import pytest
 import ray
-from conftest import DATA, GOLDEN, STORIES, run_cli
+from conftest import DATA, GOLDEN, STORIES, tasks_only
 from lm_eval.result_schema import EvalResults
-from lm_eval.tasks import TaskManager
 from lm_eval.utils import make_table
 from pydantic import TypeAdapter, ValidationError
 
@@ -60,11 +61,14 @@ def eval_args(local_tasks, out, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def cli_run(tasks_dir, tmp_path_factory):
+def cli_run(ray_session, tasks_dir, tmp_path_factory):
+    """The command line through main() on the session's Ray: a process and a Ray of its own would prove nothing
+    the demo's and the error tests' CLI runs (tests/test_cli.py) do not."""
     out = tmp_path_factory.mktemp("lmeval-cli") / "out"
-    proc = run_cli(*eval_args(tasks_dir, out, "--log-samples"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc, out, json.loads((out / "results.json").read_text())
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(eval_args(tasks_dir, out, "--log-samples")) == 0
+    return printed.getvalue(), out, json.loads((out / "results.json").read_text())
 
 
 def test_results_json_has_lm_evals_full_shape_for_native_and_lm_eval_tasks(cli_run):
@@ -100,9 +104,9 @@ def test_results_json_has_lm_evals_full_shape_for_native_and_lm_eval_tasks(cli_r
 
 
 def test_the_printed_table_is_lm_evals_make_table_with_groups_indented(cli_run):
-    proc, _, results = cli_run
+    printed, _, results = cli_run
     tasks, groups = make_table(results), make_table(results, "groups")
-    assert tasks in proc.stdout and groups in proc.stdout
+    assert tasks in printed and groups in printed
     assert "| - humanities " in tasks and "|  - philosophy " in tasks and "|hellaswag " in tasks
     assert "|wikitext " in tasks and "bits_per_byte" in tasks and "|mmlu_local " in groups
 
@@ -133,7 +137,7 @@ def test_results_json_is_as_valid_an_eval_results_as_lm_evals_own(cli_run, local
     # a stderr function (wikitext's perplexities) gets "N/A".
     golden = json.loads(GOLDEN.read_text())
     theirs = schema_problems({"results": golden["results"]}) | schema_problems(
-        {"configs": {"t": TaskManager(include_path=str(local_tasks)).load(["arc_easy_local"])["tasks"][
+        {"configs": {"t": tasks_only(local_tasks).load(["arc_easy_local"])["tasks"][
             "arc_easy_local"].dump_config()}})
     assert ours == theirs == {("configs", "a config value that is not a string"), ("results", '"N/A" stderr')}
 
@@ -224,13 +228,16 @@ def test_continuations_longer_than_the_context_are_named_in_one_line(ray_session
     assert not (out / "results.json").exists() and not (out / CHECKPOINT_DIR).exists()
 
 
-def test_unknown_name_fails_before_ray_starts(local_tasks, tmp_path):
-    proc = run_cli("eval", "--model", str(STORIES), "--tasks", "arc_easy_local,arc_easy_locl", "--include-path",
-                   str(local_tasks), "--output", str(tmp_path / "out"))
-    assert proc.returncode == 2
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("raylm: error:")]
+def test_unknown_name_fails_before_ray_starts(local_tasks, tmp_path, capsys, monkeypatch):
+    """Refused before connect(), which starts or attaches to Ray, is called: a typo costs no cluster."""
+    import raylm.evaluate
+
+    monkeypatch.setattr(raylm.evaluate, "connect", lambda **_: pytest.fail("Ray was reached for an unknown name"))
+    capsys.readouterr()
+    assert main(["eval", "--model", str(STORIES), "--tasks", "arc_easy_local,arc_easy_locl", "--include-path",
+                 str(local_tasks), "--output", str(tmp_path / "out")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("raylm: error:")]
     assert len(errors) == 1 and "unknown task 'arc_easy_locl'" in errors[0] and "arc_easy_local" in errors[0]
-    assert "Started a local Ray" not in proc.stderr
 
 
 def test_a_sweep_runs_lm_eval_tasks_and_groups(ray_session, local_tasks, tmp_path):
@@ -270,7 +277,7 @@ def test_sweep_files_check_lm_eval_names_with_line_numbers(tasks, include, expec
 
 def test_simple_evaluate_on_raylm_actors_gives_raylm_evals_numbers(ray_session, tasks_dir, cli_run):
     _, out, ours = cli_run
-    manager = TaskManager(include_path=str(tasks_dir))
+    manager = tasks_only(tasks_dir)
     with RayLM(pretrained=str(STORIES), actors=2, shard_size=8) as lm:
         theirs = lm_eval.simple_evaluate(model=lm, tasks=list(LMEVAL_TASKS), task_manager=manager, limit=LIMIT,
                                          bootstrap_iters=1000)
@@ -298,7 +305,7 @@ def test_simple_evaluate_takes_raylm_by_name(ray_session, local_tasks):
     """Last in this module: the RayLM simple_evaluate builds from the name is never closed, so its actor lives
     until the object is collected (Ray stops an actor once no handle to it is left)."""
     results = lm_eval.simple_evaluate(model="raylm", model_args=f"pretrained={STORIES},actors=1,shard_size=4",
-                                      tasks=["arc_easy_local"], task_manager=TaskManager(include_path=str(local_tasks)),
+                                      tasks=["arc_easy_local"], task_manager=tasks_only(local_tasks),
                                       limit=2, bootstrap_iters=0)
     assert results["results"]["arc_easy_local"]["sample_len"] == 2
     assert results["results"]["arc_easy_local"]["acc_stderr,none"] == "N/A"

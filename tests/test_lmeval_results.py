@@ -13,9 +13,8 @@ import lm_eval
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import STORIES
+from conftest import STORIES, tasks_only
 from lm_eval.api.model import LM
-from lm_eval.tasks import TaskManager
 from lm_eval.utils import handle_non_serializable, make_table
 
 from raylm.config import EvalConfig
@@ -146,7 +145,7 @@ def test_raylms_glue_gives_lm_evals_own_results_for_the_same_scores(variants, nu
     assert len(unconditional) == 4  # one ("", " choice") request per choice, after the conditional ones
     ours = results(built, scores, bootstrap_iters)
     theirs = lm_eval.simple_evaluate(model=ReplayLM(scores, arguments), tasks=names,
-                                     task_manager=TaskManager(include_path=str(variants)), num_fewshot=num_fewshot,
+                                     task_manager=tasks_only(variants), num_fewshot=num_fewshot,
                                      limit=12, bootstrap_iters=bootstrap_iters, random_seed=seeds[0],
                                      numpy_random_seed=seeds[1], torch_random_seed=seeds[2],
                                      fewshot_random_seed=seeds[3])
