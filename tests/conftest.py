@@ -63,11 +63,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
 
 
-
 def tasks_only(include_path: Path) -> TaskManager:
-    """lm-eval's TaskManager over the YAMLs in `include_path` alone. Those tests write include lm-eval's own task
-    files by path, so they load as under the full index, which lm-eval builds from ~10k YAMLs in 5 s of CPU."""
+    """lm-eval's TaskManager over the YAMLs in `include_path` alone. The task YAMLs the tests write include lm-eval's
+    own by path, so they load as under its full index, which it builds from ~10k YAMLs in 5 s of CPU."""
     return TaskManager(include_path=str(include_path), include_defaults=False)
+
 
 @pytest.fixture(scope="session")
 def tiny_gpt2(tmp_path_factory) -> Path:
