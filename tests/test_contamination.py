@@ -26,7 +26,7 @@ import ray
 from lm_eval.api.model import LM
 
 import raylm.contamination.scan as scan_module
-from conftest import DATA, SHARED, restart_ray, run_cli, tasks_only
+from conftest import DATA, SHARED, restart_ray, tasks_only
 from raylm.cli import main
 from raylm.config import EvalConfig
 from raylm.contamination.documents import load_scan_tasks
@@ -280,6 +280,28 @@ def test_an_actor_killed_mid_corpus_is_replaced_and_nothing_changes(local_tasks,
     assert report["tasks"] == expected["tasks"] and matches.equals(expected_matches)
 
 
+def test_cli_prints_the_table_writes_the_chart_and_keeps_what_is_not_its_own(ray_session, corpus, tmp_path, capsys):
+    """The command line through main() on the session's Ray, before the scans that end in errors below."""
+    data = write_jsonl(tmp_path / "corpus.jsonl", corpus[0])
+    out = tmp_path / "out"
+    args = ["contamination", "--tasks", "winogrande,hellaswag", "--corpus", str(data), "--text-column", "body",
+            "--data-dir", str(DATA), "--limit", str(SCAN_LIMIT), "--output", str(out), "--no-progress"]
+    capsys.readouterr()
+    assert main(args) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| winogrande")]
+    dirty = len(corpus[1]["winogrande"])
+    assert table and table[0].split("|")[2:4] == [f" {SCAN_LIMIT:>9} ", f" {dirty:>7} "]
+    assert (out / "contamination.png").read_bytes()[:4] == b"\x89PNG"
+    report = json.loads((out / "contamination.json").read_text())
+    assert report["config"]["command"] == "contamination" and set(report["tasks"]) == {"winogrande", "hellaswag"}
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "contamination.json").write_text('{"mine": true}')
+    assert main([*args[:-3], "--output", str(foreign), "--no-progress"]) == 2  # refused before any scan
+    assert "was not written by raylm" in capsys.readouterr().err
+    assert (foreign / "contamination.json").read_text() == '{"mine": true}'
+
+
 def test_a_failing_actor_or_a_bad_row_is_one_line_and_leaves_nothing(jsonl_scan, monkeypatch, tmp_path):
     """Last of the scans: a stream that ends in a worker's error may leave its actors holding the session Ray's
     CPUs (conftest.ray_restarted_after)."""
@@ -300,28 +322,6 @@ def test_a_failing_actor_or_a_bad_row_is_one_line_and_leaves_nothing(jsonl_scan,
     with pytest.raises(RaylmError, match=r"nulls\.parquet: field 'text': expected a document's text, got NoneType"):
         native_scan([tmp_path / "nulls.parquet"], tmp_path / "out2")
     assert [p.name for p in (tmp_path / "out2").iterdir()] == [LOCK_FILE]
-
-
-def test_cli_prints_the_table_writes_the_chart_and_keeps_what_is_not_its_own(corpus, tmp_path, capsys):
-    data = write_jsonl(tmp_path / "corpus.jsonl", corpus[0])
-    out = tmp_path / "out"
-    args = ("contamination", "--tasks", "winogrande,hellaswag", "--corpus", str(data), "--text-column", "body",
-            "--data-dir", str(DATA), "--limit", str(SCAN_LIMIT), "--output", str(out), "--no-progress")
-    proc = run_cli(*args)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    table = [line for line in proc.stdout.splitlines() if line.startswith("| winogrande")]
-    dirty = len(corpus[1]["winogrande"])
-    assert table and table[0].split("|")[2:4] == [f" {SCAN_LIMIT:>9} ", f" {dirty:>7} "]
-    assert (out / "contamination.png").read_bytes()[:4] == b"\x89PNG"
-    report = json.loads((out / "contamination.json").read_text())
-    assert report["config"]["command"] == "contamination" and set(report["tasks"]) == {"winogrande", "hellaswag"}
-    foreign = tmp_path / "foreign"
-    foreign.mkdir()
-    (foreign / "contamination.json").write_text('{"mine": true}')
-    capsys.readouterr()
-    assert main([*args[:-3], "--output", str(foreign), "--no-progress"]) == 2  # refused before any scan
-    assert "was not written by raylm" in capsys.readouterr().err
-    assert (foreign / "contamination.json").read_text() == '{"mine": true}'
 
 
 class ReplayLM(LM):
