@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import zlib
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import ray
 import torch
 
 from conftest import DATA
+import raylm.contamination.membership_run as membership_run
 from raylm.cli import main
+from raylm.contamination.membership_run import MembershipConfig, run_membership
 from raylm.corpus.doc_scoring import DocMembership
 from raylm.models.loading import load_model, load_tokenizer
 from raylm.models.spec import ModelSpec
@@ -145,3 +149,24 @@ def test_cli_membership_on_a_choice_and_a_rolling_task(ray_session, tiny_llama, 
     assert main(["membership", "--model", str(tiny_llama), "--tasks", "winogrande", "--data-dir", str(DATA),
                  "--k", "0", "--output", str(tmp_path / "bad"), "--no-progress"]) == 2
     assert "--k must be a percentage in (0, 100], got 0.0" in capsys.readouterr().err
+
+
+# Workers cannot import this test module, so its actor class travels by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class PlacedOnly(DocMembership):
+    """Refuses a spec whose device no placement resolved: what the actors were handed when membership passed them
+    the model as asked (device "auto", each actor guessing for itself) instead of as placed."""
+
+    def start(self, spec: ModelSpec, *args) -> None:
+        if spec.device == "auto":
+            raise RuntimeError(f"an actor was handed the unplaced spec (device {spec.device!r})")
+        super().start(spec, *args)
+
+
+def test_the_actors_load_the_model_as_the_placement_resolved_it(ray_session, tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setattr(membership_run, "DocMembership", PlacedOnly)
+    cfg = MembershipConfig(ModelSpec(str(tiny_llama), max_length=64), ("winogrande",), data_dir=DATA, limit=1,
+                           progress=False)
+    assert run_membership(cfg, tmp_path / "out")["tasks"]["winogrande"]["documents"] == 1
