@@ -1,7 +1,8 @@
 """cluster.yaml is a launcher config `ray up` accepts: it validates against the autoscaler's own JSON schema,
-shipped inside the installed ray package, and describes GPU workers that install raylm. Every manifest (cluster.yaml,
+shipped inside the installed ray package, and describes GPU workers that install raylm, on an AMI whose NVIDIA driver
+runs the image's CUDA; the jobs the shipped files show write where that cluster can. Every manifest (cluster.yaml,
 rayjob.yaml, the Dockerfile) names one Ray, the one installed here; jobs/runtime-env.yaml is a runtime env Ray
-accepts, which installs the checkout and leaves local clutter behind."""
+accepts, which installs the checkout, leaves local clutter behind and gives a torch install time to finish."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import jsonschema
 import ray
 import yaml
 from packaging.requirements import Requirement
+from ray._private.ray_constants import DEFAULT_RUNTIME_ENV_TIMEOUT_SECONDS
 from ray._private.runtime_env.packaging import create_package
+from ray.autoscaler._private.aws.config import DEFAULT_AMI
 from ray.dashboard.modules.dashboard_sdk import parse_runtime_env_args
 from ray.runtime_env import RuntimeEnv
 
@@ -86,6 +89,40 @@ def test_rsync_leaves_a_venv_git_and_outputs_behind():
     assert all(any(line.strip("/") == path.strip("/") for line in ignored) for path in CLUTTER if path != ".git/")
 
 
+# The ImageId every node boots: AWS's Deep Learning Base AMI with a current NVIDIA driver, by its public SSM parameter.
+GPU_AMI = "resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+# Where a job on cluster.yaml may write: the home of the user Ray's image runs as (the driver's), or a storage URI.
+RAY_HOME = "/home/ray"
+
+
+def test_every_node_boots_a_current_nvidia_driver_not_rays_default_ami():
+    """Ray's default AMI for the region (its CUDA 11.2 driver cannot run the image's CUDA or torch's) is used only
+    for a node type without an ImageId; every node type names AWS's Deep Learning Base GPU AMI."""
+    config = load()
+    images = {name: t["node_config"].get("ImageId") for name, t in config["available_node_types"].items()}
+    assert set(images.values()) == {GPU_AMI}
+    assert GPU_AMI.lower() not in ("", "latest_dlami") and GPU_AMI not in DEFAULT_AMI.values()
+    assert "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)" in (REPO / "cluster.yaml").read_text()
+
+
+def submitted_outputs(path: Path) -> list[str]:
+    """The --output of every `ray job submit` a file's comments show (`\\` continuations joined)."""
+    text = "\n".join(line.lstrip("# ") for line in path.read_text().splitlines() if line.lstrip().startswith("#"))
+    commands = [shlex.split(line, comments=True) for line in text.replace("\\\n", " ").splitlines()
+                if line.startswith("ray job submit ")]
+    return [words[words.index("--output") + 1] for words in commands if "--output" in words]
+
+
+def test_every_shipped_job_writes_where_the_shipped_cluster_can():
+    """The jobs the shipped files show write under the home of Ray's image user on cluster.yaml's head, or to a
+    storage URI; never to a path no shipped node mounts or owns (/mnt/results, /shared)."""
+    outputs = [out for path in [REPO / "cluster.yaml", *sorted((REPO / "jobs").glob("*.yaml"))]
+               for out in submitted_outputs(path)]
+    assert len(outputs) >= 3
+    assert all(re.match(r"[a-z0-9]+://", out) or Path(out).is_relative_to(RAY_HOME) for out in outputs), outputs
+    assert load()["docker"]["image"].startswith("rayproject/ray:")
+
+
 def runtime_env_file() -> dict:
     """jobs/runtime-env.yaml as `ray job submit --working-dir . --runtime-env jobs/runtime-env.yaml` reads it."""
     return parse_runtime_env_args(runtime_env=str(REPO / "jobs" / "runtime-env.yaml"), working_dir=".")
@@ -95,6 +132,14 @@ def test_runtime_env_file_is_one_ray_accepts_and_installs_the_working_dir_with_t
     env = runtime_env_file()
     RuntimeEnv(**env)  # Ray's own validation of each field
     assert env["pip"] == ["${RAY_RUNTIME_ENV_CREATE_WORKING_DIR}[tasks]"]
+
+
+def test_runtime_env_file_gives_a_torch_install_more_than_rays_default_setup_time():
+    """On Ray's stock images the pip line installs torch with its CUDA libraries (several GB) on every node: more
+    than Ray's default 600 s may allow, so the file raises the limit, and says how far."""
+    timeout = runtime_env_file()["config"]["setup_timeout_seconds"]
+    assert timeout >= 3 * DEFAULT_RUNTIME_ENV_TIMEOUT_SECONDS
+    assert f"setup_timeout_seconds: {timeout}" in (REPO / "docs" / "cluster.md").read_text()
 
 
 def test_runtime_env_file_uploads_the_checkout_without_clutter(tmp_path):

@@ -26,6 +26,7 @@ import functools
 import glob
 import importlib
 import io
+import json
 import os
 import re
 import shlex
@@ -242,6 +243,28 @@ def test_every_shown_command_is_parsed_run_or_exercised_elsewhere(ran):
               kind in ("ran", "parsed")]
     assert not failed, failed
     assert any(kind == "parsed" for _, _, kind, _ in ran)
+
+
+def test_every_shown_job_submit_brings_raylm_to_a_cluster_that_lacks_it():
+    """A `ray job submit` a page shows runs on any cluster, not only one where raylm happens to be installed: it
+    ships the checkout (--working-dir) with a runtime env that pip installs it (jobs/runtime-env.yaml, or a file
+    that says the same), or names an image that has raylm (a runtime env's image_uri)."""
+    import yaml
+
+    submits = [(page, argv) for page, argv, _, _ in every_command()
+               if split_env(argv)[1][:3] == ["ray", "job", "submit"]]
+    assert submits
+    for page, argv in submits:
+        words = split_env(argv)[1]
+        env_json = _option(words, "--runtime-env-json")
+        env_file = _option(words, "--runtime-env")
+        env = json.loads(env_json) if env_json else yaml.safe_load((REPO / env_file).read_text()) \
+            if env_file and (REPO / env_file).exists() else {}
+        installs = _option(words, "--working-dir") is not None and \
+            "${RAY_RUNTIME_ENV_CREATE_WORKING_DIR}[tasks]" in env.get("pip", [])
+        pages_file = env_file is not None and not (REPO / env_file).exists() and \
+            "${RAY_RUNTIME_ENV_CREATE_WORKING_DIR}[tasks]" in (REPO / page).read_text()
+        assert installs or pages_file or "image_uri" in env, f"{page}: `{' '.join(argv)}` needs raylm on the cluster"
 
 
 class _TestModule:

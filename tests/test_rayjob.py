@@ -2,8 +2,9 @@
 KubeRay's own CRD schema (vendored in tests/kuberay/, with its source and licence), read as the API server's strict
 field validation reads it (an unknown field is an error, not silently dropped); its pods run the image the Dockerfile
 builds (Ray's pinned image plus the README's GPU install line) as the Ray image's user, with the volumes writable,
-HF_TOKEN from a Secret and a shared HF_HOME; its runtime environment is one Ray accepts; its entrypoint is a raylm
-command; and the placement hint it passes says what its worker group is. (No docker build runs here.)
+HF_TOKEN from a Secret, object-store credentials for the driver, and claims every default storage class can bind;
+its runtime environment is one Ray accepts; its entrypoint is a raylm command; and the placement hint it passes says
+what its worker group is. The image pins what moves numbers to the versions CI tests. (No docker build runs here.)
 
 The schema's CEL rules (x-kubernetes-validations) are not evaluated here; they concern fields the manifest does not
 use (deletionStrategy, managedBy, gcsFaultToleranceOptions).
@@ -12,6 +13,7 @@ use (deletionStrategy, managedBy, gcsFaultToleranceOptions).
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import json
 import re
 import shlex
@@ -23,6 +25,7 @@ import jsonschema
 import pytest
 import ray
 import yaml
+from packaging.requirements import Requirement
 from ray.runtime_env import RuntimeEnv
 
 from raylm.cli import build_parser
@@ -110,33 +113,79 @@ def test_every_pod_runs_the_image_the_dockerfile_builds():
     assert f"docker build -t {image} ." in dockerfile
     assert re.findall(r"^FROM (\S+)", dockerfile, re.MULTILINE) == [f"rayproject/ray:{ray.__version__}-py311-gpu"]
     assert re.search(r"^WORKDIR (\S+)\nCOPY --chown=ray:users \. \.$", dockerfile, re.MULTILINE)
-    [install] = re.findall(r"^RUN (.+)$", dockerfile, re.MULTILINE)
     readme = re.search(r"on a GPU machine keep your torch and `([^`]+)`", (REPO / "README.md").read_text())
-    assert install == readme.group(1) == 'pip install -e ".[tasks]"'
+    assert readme.group(1) == 'pip install -e ".[tasks]"'
+    install = dockerfile_install()
+    assert install[:2] == ["pip", "install"] and install[-2:] == shlex.split(readme.group(1))[-2:]
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".venv/", ".git/", "raylm-out/", "raylm-sweeps/"} <= set(ignored)
+
+
+def dockerfile_install() -> list[str]:
+    [install] = re.findall(r"^RUN (.+)$", (REPO / "Dockerfile").read_text(), re.MULTILINE)
+    return shlex.split(install)
+
+
+def test_the_image_pins_what_moves_numbers_to_the_versions_ci_tests():
+    """An image built on a later day scores as the tested checkout did: torch at the README's and .ci/run's pin,
+    lm-eval at pyproject.toml's, transformers and Ray at the versions installed here (what CI's install of
+    pyproject.toml resolved to). A release CI moves to fails this until the Dockerfile follows it."""
+    pins = {Requirement(w).name: Requirement(w) for w in dockerfile_install() if "==" in w}
+    assert set(pins) == {"torch", "transformers", "lm-eval", "ray"}
+    version = {name: str(req.specifier).removeprefix("==") for name, req in pins.items()}
+    readme, ci = (REPO / "README.md").read_text(), (REPO / ".ci" / "run").read_text()
+    [readme_torch] = set(re.findall(r"pip install torch==(\S+)", readme))
+    [ci_torch] = set(re.findall(r"pip install --quiet torch==(\S+)", ci))
+    assert version["torch"] == readme_torch == ci_torch == importlib.metadata.version("torch").split("+")[0]
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    [lm_eval] = [Requirement(r) for r in extras["tasks"] if Requirement(r).name == "lm-eval"]
+    assert pins["lm-eval"].specifier == lm_eval.specifier
+    assert version["transformers"] == importlib.metadata.version("transformers")
+    assert version["ray"] == ray.__version__ and pins["ray"].extras == {"default"}
 
 
 def test_pods_run_as_the_ray_images_user_with_their_volumes_writable():
     """The Ray image runs as uid 1000 in group 100 (users); fsGroup 100 makes each mounted volume writable by it
     (a fresh ReadWriteOnce volume is root's otherwise, and the first write of results.json fails)."""
     for spec in pod_specs():
-        assert spec["volumes"] and all("persistentVolumeClaim" in v for v in spec["volumes"])
+        assert spec["volumes"] and all({"persistentVolumeClaim", "emptyDir"} & set(v) for v in spec["volumes"])
         assert spec["securityContext"] == {"runAsUser": 1000, "runAsGroup": 100, "fsGroup": 100}
 
 
-def test_hf_token_comes_from_a_secret_and_every_pod_shares_one_hf_cache():
+def test_every_claim_binds_on_default_storage_classes_and_only_the_head_mounts_it():
+    """ReadWriteOnce, which every cloud's default class offers (a ReadWriteMany claim stays Pending on EKS's and
+    GKE's), and so mounted by one pod: the head, where the driver writes."""
+    head, *workers = pod_specs()
+    assert claims() and all(c["spec"]["accessModes"] == ["ReadWriteOnce"] for c in claims().values())
+    assert {v["persistentVolumeClaim"]["claimName"] for v in head["volumes"] if "persistentVolumeClaim" in v} \
+        == set(claims())
+    assert not [v for spec in workers for v in spec["volumes"] if "persistentVolumeClaim" in v]
+
+
+def test_hf_token_comes_from_a_secret_and_hf_home_is_a_volume_of_each_pod():
     """Actors inherit their node's environment: HF_TOKEN (gated models) from a Kubernetes Secret, never written in
-    the manifest, and HF_HOME on one ReadWriteMany volume every pod mounts, so a model is downloaded once."""
-    shared = {name for name, claim in claims().items() if claim["spec"]["accessModes"] == ["ReadWriteMany"]}
+    the manifest, and HF_HOME on a volume of the pod's own (emptyDir), which needs no shared storage class."""
     for spec in pod_specs():
-        volumes = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
         for container in spec["containers"]:
             env = {e["name"]: e for e in container["env"]}
             secret = env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
             assert secret["name"] and secret["key"] == "HF_TOKEN" and "value" not in env["HF_TOKEN"]
             [cache] = [m for m in container["volumeMounts"] if m["mountPath"] == env["HF_HOME"]["value"]]
-            assert volumes[cache["name"]] in shared
+            assert "emptyDir" in volumes[cache["name"]]
+
+
+def test_the_driver_has_object_store_credentials_from_a_cloud_identity_or_a_secret():
+    """The head, where the driver writes --output, runs as a service account annotated for EKS's IRSA and GKE's
+    Workload Identity, and takes every key of an optional Secret as environment variables (AWS_ACCESS_KEY_ID, ...)
+    where no identity is used."""
+    head = pod_specs()[0]
+    account = documents()["ServiceAccount"]
+    assert head["serviceAccountName"] == account["metadata"]["name"]
+    assert {"eks.amazonaws.com/role-arn", "iam.gke.io/gcp-service-account"} <= set(account["metadata"]["annotations"])
+    [container] = head["containers"]
+    [source] = container["envFrom"]
+    assert source["secretRef"]["name"] and source["secretRef"]["optional"] is True
 
 
 def test_entrypoint_is_a_raylm_command_writing_to_the_results_volume():
