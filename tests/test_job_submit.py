@@ -1,7 +1,7 @@
 """CLUSTER TEST (~2 min): a real `ray start --head` on loopback and a second node from `ray start --address`, both
-run by a Python that has Ray, torch, transformers and lm-eval but not raylm, then
-`ray job submit --working-dir . --runtime-env jobs/runtime-env.yaml -- raylm eval --demo`, as a user would on a
-shared cluster where nothing can be pre-installed.
+run by a Python that has Ray, torch, transformers and lm-eval but not raylm, with Ray's token authentication on,
+then `ray job submit --working-dir . --runtime-env jobs/runtime-env.yaml -- raylm eval --demo` with the token, as
+a user would on a shared cluster where nothing can be pre-installed.
 
 It checks the job succeeds, the runtime environment installed the checkout on both nodes, an actor ran on each,
 its results.json matches scoring in-process, and the driver attached to that cluster (RAY_ADDRESS, set by the job
@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
 from task_requests import build_task_requests
 
 from raylm.cluster.actors import score_shard
@@ -49,10 +50,11 @@ SHUTDOWN_S = 10
 RAY = str(Path(sys.executable).parent / "ray")  # the CLI installed beside this Python, whatever PATH says
 
 
-def cluster_env() -> dict[str, str]:
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    env.pop("RAY_ADDRESS", None)
-    return env
+def cluster_env(auth: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment without RAY_ADDRESS; with token authentication disabled, or, given `auth`, with Ray's
+    authentication variables (RAY_AUTH_MODE, RAY_AUTH_TOKEN_PATH) exactly as `auth` sets them."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith("RAY_AUTH_")}
+    return {**env, **(auth if auth is not None else {"RAY_AUTH_MODE": "disabled"})}
 
 
 def python_without_raylm(root: Path) -> Path:
@@ -68,23 +70,23 @@ def python_without_raylm(root: Path) -> Path:
     return root / "bin" / "python"
 
 
-def node_env(python: Path) -> dict[str, str]:
-    """cluster_env() for nodes run by `python`: no PYTHONPATH, and on PATH only its bin and the system's, so no
+def node_env(python: Path, auth: dict[str, str] | None = None) -> dict[str, str]:
+    """cluster_env(auth) for nodes run by `python`: no PYTHONPATH, and on PATH only its bin and the system's, so no
     `raylm` of this environment can reach a job."""
-    env = {k: v for k, v in cluster_env().items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = {k: v for k, v in cluster_env(auth).items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     return {**env, "PATH": os.pathsep.join([str(python.parent), "/usr/local/bin", "/usr/bin", "/bin"])}
 
 
 def ray_node(args: list[str], temp_dir: Path, ports: dict[str, int], ready: Callable[[], bool],
-             env_extra: dict[str, str] | None = None, python: Path | None = None
-             ) -> contextlib.AbstractContextManager[None]:
-    """`ray start --block ARGS` on its own ports and in its own process group, once ready() says it is up. With
-    `python`, that Python runs the node (and so its workers), in node_env(python)."""
+             env_extra: dict[str, str] | None = None, python: Path | None = None,
+             auth: dict[str, str] | None = None) -> contextlib.AbstractContextManager[None]:
+    """`ray start --block ARGS` on its own ports and in its own process group (setsid), once ready() says it is up.
+    With `python`, that Python runs the node (and so its workers), in node_env(python); `auth` as cluster_env's."""
     ray = [RAY] if python is None else [str(python), "-m", "ray.scripts.scripts"]
     command = [*ray, "start", "--block", "--node-ip-address", "127.0.0.1", "--temp-dir", str(temp_dir),
                "--object-store-memory", str(128 * 1024**2), "--disable-usage-stats", *args,
                *(arg for flag, port in ports.items() for arg in (f"--{flag}", str(port)))]
-    env = cluster_env() if python is None else node_env(python)
+    env = cluster_env(auth) if python is None else node_env(python, auth)
     return _running(command, temp_dir / "ray-start.log", ready, {**env, **(env_extra or {})})
 
 
@@ -110,9 +112,9 @@ def _running(command: list[str], log_path: Path, ready: Callable[[], bool], env:
         log.close()
 
 
-def _answers(url: str) -> bool:
+def _answers(url: str, headers: dict[str, str] | None = None) -> bool:
     try:
-        urllib.request.urlopen(url, timeout=2).read()
+        urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2).read()
     except OSError:
         return False
     return True
@@ -120,14 +122,18 @@ def _answers(url: str) -> bool:
 
 @contextlib.contextmanager
 def ray_head(temp_dir: Path, num_cpus: int = 2, ports: dict[str, int] | None = None, extra_args: tuple[str, ...] = (),
-             env_extra: dict[str, str] | None = None, python: Path | None = None) -> Iterator[tuple[str, int]]:
+             env_extra: dict[str, str] | None = None, python: Path | None = None,
+             auth: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
     """A head node on its own ports (so it cannot collide with other Rays here). The job server lives in the
-    dashboard process, so the dashboard is included."""
+    dashboard process, so the dashboard is included. With `auth` (see cluster_env), it is asked for the version
+    with the token it was given."""
     ports = ports or head_ports()
     address = f"http://127.0.0.1:{ports['dashboard-port']}"
     args = ["--head", "--num-cpus", str(num_cpus), "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
             *extra_args]
-    with ray_node(args, temp_dir, ports, lambda: _answers(f"{address}/api/version"), env_extra, python):
+    headers = bearer(auth)
+    with ray_node(args, temp_dir, ports, lambda: _answers(f"{address}/api/version", headers), env_extra, python,
+                  auth):
         yield address, ports["port"]
 
 
@@ -145,17 +151,25 @@ def free_ports(flags: tuple[str, ...]) -> dict[str, int]:
         return {flag: s.getsockname()[1] for flag, s in zip(flags, sockets)}
 
 
-def alive_nodes(address: str) -> int:
+def bearer(auth: dict[str, str] | None) -> dict[str, str]:
+    """The HTTP header that carries the token of `auth` (see cluster_env), as `ray job submit` sends it."""
+    if auth is None or "RAY_AUTH_TOKEN_PATH" not in auth:
+        return {}
+    return {"Authorization": f"Bearer {Path(auth['RAY_AUTH_TOKEN_PATH']).read_text().strip()}"}
+
+
+def alive_nodes(address: str, headers: dict[str, str] | None = None) -> int:
     try:
-        nodes = state(address, "nodes")
+        nodes = state(address, "nodes", headers)
     except (OSError, ValueError, KeyError):
         return 0
     return sum(node["state"] == "ALIVE" for node in nodes)
 
 
-def state(address: str, kind: str) -> list[dict]:
+def state(address: str, kind: str, headers: dict[str, str] | None = None) -> list[dict]:
     """Ray's state API list of `kind` (nodes, actors: dead ones included)."""
-    with urllib.request.urlopen(f"{address}/api/v0/{kind}?detail=1&limit=1000", timeout=10) as response:
+    request = urllib.request.Request(f"{address}/api/v0/{kind}?detail=1&limit=1000", headers=headers or {})
+    with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())["data"]["result"]["result"]
 
 
@@ -176,13 +190,13 @@ def demo_eval(out: Path) -> list[str]:
 NO_AGENT_YET = "No available agent to submit job, please try again later"
 
 
-def submit(address: str, options: list[str], entrypoint: list[str]) -> str:
+def submit(address: str, options: list[str], entrypoint: list[str], auth: dict[str, str] | None = None) -> str:
     """`ray job submit OPTIONS -- ENTRYPOINT`, which must succeed; the job's output. Submitted again while the head
-    says its agent is not up yet (nothing ran then), until STARTUP_S."""
+    says its agent is not up yet (nothing ran then), until STARTUP_S. `auth` as cluster_env's."""
     deadline = time.monotonic() + STARTUP_S
     while True:
         proc = subprocess.run([RAY, "job", "submit", "--address", address, *options, "--", *entrypoint],
-                              env=cluster_env(), capture_output=True, text=True, timeout=480)
+                              env=cluster_env(auth), capture_output=True, text=True, timeout=480)
         if proc.returncode == 0 or NO_AGENT_YET not in proc.stderr or time.monotonic() > deadline:
             break
         time.sleep(1)
@@ -205,12 +219,15 @@ def raylets_under(temp_dir: Path) -> int:
     return count
 
 
-def test_ray_job_submit_on_two_one_cpu_nodes(tmp_path):
+def test_ray_job_submit_on_two_one_cpu_nodes_with_token_authentication(tmp_path):
     """`ray job submit --working-dir . --runtime-env jobs/runtime-env.yaml -- raylm eval --demo --actors 2` on a
-    cluster whose Python lacks raylm: the runtime env installs the checkout on each node that runs the driver or
-    an actor (the `raylm` command exists only through it), one actor runs on each node, the driver attaches to
-    the cluster it was submitted to (the GCS address it records is the head's; one raylet per node, none started
-    by the driver), and the results equal scoring in-process.
+    cluster whose Python lacks raylm and which requires Ray's authentication token, as Ray 2.60 sets one up: the
+    head is started with a token at hand (RAY_AUTH_TOKEN_PATH) and RAY_AUTH_MODE unset, and turns authentication
+    on by itself; the second node joins with RAY_AUTH_MODE=token; the submit carries the token, and the same
+    submit without it is refused. The runtime env installs the checkout on each node that runs the driver or an
+    actor (the `raylm` command exists only through it), one actor runs on each node, the driver attaches to the
+    cluster it was submitted to (the GCS address it records is the head's; one raylet per node, none started by
+    the driver), and the results equal scoring in-process.
 
     Nodes of one CPU each: an actor must ask for what one node has, not for the cluster's two CPUs (it waited
     for ever). The second node has its own --temp-dir, as a second machine would: nodes that share one session
@@ -222,25 +239,36 @@ def test_ray_job_submit_on_two_one_cpu_nodes(tmp_path):
     probe = subprocess.run([str(python), "-c", "import ray, torch, transformers, lm_eval, raylm"], env=env,
                            cwd=tmp_path, capture_output=True, text=True)
     assert "No module named 'raylm'" in probe.stderr and shutil.which("raylm", path=env["PATH"]) is None
+    token = tmp_path / "auth_token"
+    token.write_text(generate_new_authentication_token())
+    at_hand = {"RAY_AUTH_TOKEN_PATH": str(token)}  # and no RAY_AUTH_MODE: Ray's default decides
+    with_token = {**at_hand, "RAY_AUTH_MODE": "token"}
+    headers = bearer(with_token)
     # pip builds the checkout with the setuptools here rather than one it downloads into an isolated build
     # environment: the same install, offline and faster. (pip reads a --no-* option's variable inverted: 0 sets it.)
     offline_build = {"PIP_NO_BUILD_ISOLATION": "0"}
     out = tmp_path / "out"
+    options = ["--working-dir", str(REPO), "--runtime-env", str(RUNTIME_ENV)]
+    entrypoint = ["raylm", *demo_eval(out), "--actors", "2"]
     head_dir, node_dir = short_temp_dir(), short_temp_dir()
     try:
-        with ray_head(head_dir, num_cpus=1, env_extra=offline_build, python=python) as (address, gcs_port):
+        with ray_head(head_dir, num_cpus=1, env_extra=offline_build, python=python, auth=at_hand) as (address,
+                                                                                                     gcs_port):
             with ray_node(["--address", f"127.0.0.1:{gcs_port}", "--num-cpus", "1"], node_dir,
-                          free_ports(NODE_PORT_FLAGS), lambda: alive_nodes(address) == 2, offline_build, python):
-                submit(address, ["--working-dir", str(REPO), "--runtime-env", str(RUNTIME_ENV)],
-                       ["raylm", *demo_eval(out), "--actors", "2"])
-                nodes = {n["node_id"] for n in state(address, "nodes")}
-                actor_nodes = sorted(a["node_id"] for a in state(address, "actors")
+                          free_ports(NODE_PORT_FLAGS), lambda: alive_nodes(address, headers) == 2, offline_build,
+                          python, with_token):
+                submit(address, options, entrypoint, with_token)
+                refused = subprocess.run([RAY, "job", "submit", "--address", address, "--", "true"],
+                                         env=cluster_env(), capture_output=True, text=True, timeout=120)
+                nodes = {n["node_id"] for n in state(address, "nodes", headers)}
+                actor_nodes = sorted(a["node_id"] for a in state(address, "actors", headers)
                                      if a["class_name"] == "ScoringActor")
                 installed = [installed_raylm(d) for d in (head_dir, node_dir)]
                 assert raylets_under(head_dir) == raylets_under(node_dir) == 1
     finally:
         shutil.rmtree(head_dir, ignore_errors=True)
         shutil.rmtree(node_dir, ignore_errors=True)
+    assert refused.returncode != 0 and "Authentication required" in refused.stdout + refused.stderr
     assert sorted(nodes) == actor_nodes
     assert installed == [["raylm-0.1.0.dist-info"]] * 2
     results = json.loads((out / "results.json").read_text())
