@@ -59,6 +59,8 @@ EXERCISED_ELSEWHERE = {
     ("docker", "build"): "needs Docker (tests/test_rayjob.py checks the Dockerfile's FROM and install lines)",
     ("sbatch",): "needs a Slurm cluster; docs/cluster.md says the recipe is untested",
     ("ray", "start"): "starts a cluster (tests/test_job_submit.py does, against a real head)",
+    ("ray", "get-auth-token"): "writes the user's ~/.ray/auth_token (tests/test_job_submit.py makes its token with "
+                               "the same generator, in a file of its own, and runs a token-authenticated cluster)",
     ("ray", "stop"): "stops the user's own cluster (never in tests: it stops every Ray on the machine)",
     ("kubectl",): "needs a Kubernetes cluster",
     ("helm",): "needs a Kubernetes cluster",
