@@ -65,6 +65,15 @@ def test_gpu_workers_autoscale_and_install_the_synced_checkout_with_tasks():
     assert f"ray[default]=={ray.__version__}" in words
 
 
+def test_setup_pins_what_moves_numbers_as_the_image_does():
+    """Every node installs torch, transformers, lm-eval and Ray at the Dockerfile's pins (which
+    tests/test_rayjob.py holds to the versions CI tests), not whatever the index serves on the day."""
+    [setup] = load()["setup_commands"]
+    [install] = re.findall(r"^RUN (.+)$", (REPO / "Dockerfile").read_text(), re.MULTILINE)
+    pins = [{w for w in shlex.split(command) if "==" in w} for command in (setup, install)]
+    assert pins[0] == pins[1] and len(pins[0]) == 4
+
+
 def test_one_ray_everywhere_the_one_pyproject_accepts_and_ci_installs():
     """cluster.yaml's image and setup, rayjob.yaml's rayVersion and the Dockerfile's base name the Ray installed
     here: what CI's install of pyproject.toml's range resolved to. A Ray release inside that range fails this
