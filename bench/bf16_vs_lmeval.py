@@ -2,7 +2,7 @@
 requests: how far apart the per-request loglikelihoods are, how many predictions differ, and whether lm-eval's own
 numbers tie where they do; and which of the two stays closer to the float32 numbers.
 
-lm-eval runs through shared/golden/make/lmeval_ref.py (the script that made the golden values) with only HFLM's
+lm-eval runs through tests/golden/make_stories260K.py (the script that made the golden values) with only HFLM's
 dtype changed (bench/lmeval_at_dtype.py), once at float32 for the reference and once per dtype; raylm runs as
 `raylm eval --dtype D --device cpu --log-samples`. lm-eval takes log_softmax in the model dtype and sums in it, so
 its loglikelihoods come out on the dtype's grid (-59.5, -53.75 in bfloat16) and its choices can tie exactly; raylm
@@ -97,8 +97,9 @@ def run(cmd: list[str], label: str) -> None:
 
 def lmeval_run(model: Path, dtype: str, rows: int, out: Path) -> dict[str, Logliks]:
     if not out.exists():
-        run([sys.executable, str(LMEVAL_AT_DTYPE), dtype, str(LMEVAL_REF), str(model), ",".join(TASKS), str(out),
-             "--limit", str(rows)], f"lm-eval {model.name} {dtype}")
+        run([sys.executable, str(LMEVAL_AT_DTYPE), dtype, str(LMEVAL_REF), str(model),
+             ",".join(f"{t}_local" for t in TASKS), str(out), "--limit", str(rows), "--bootstrap-iters", "0"],
+            f"lm-eval {model.name} {dtype}")
     samples = json.loads(out.read_text())["samples"]
     return {t: {int(s["doc_id"]): [float(x) for x in s["loglikelihood"]] for s in samples[f"{t}_local"]}
             for t in TASKS}

@@ -16,19 +16,20 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-DATA = SHARED / "data"
-STORIES = DATA / "models" / "stories260K-hf"
+sys.path.insert(0, str(REPO / "tests"))
+
+from fixture_data import STORIES, data_dir  # noqa: E402
+
+DATA = data_dir()  # the tests' data (tests/data), unpacked
 GPT2_TOKENIZER = DATA / "models" / "gpt2-tokenizer"
-LMEVAL_REF = SHARED / "golden" / "make" / "lmeval_ref.py"
-LMEVAL_HF_REF = SHARED / "golden" / "make" / "lmeval_hf_ref.py"  # lm-eval's own tasks, --include-path
-MK_LOCAL_TASKS = SHARED / "golden" / "make" / "mk_local_tasks.py"
+LMEVAL_REF = REPO / "tests" / "golden" / "make_stories260K.py"  # lm-eval's own runs, as the goldens were made
+MK_LOCAL_TASKS = REPO / "tests" / "offline_tasks.py"
 CACHE = Path(os.environ.get("RAYLM_BENCH_CACHE", "/tmp/raylm-bench"))
 
 
 def env() -> dict[str, str]:
     out = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false",
-           "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "RAYLM_DATA": str(DATA)}
+           "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     out.pop("RAY_ADDRESS", None)
     return out
 

@@ -137,7 +137,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=100, help="size of the 1x corpus in MB of text")
     parser.add_argument("--object-store-mb", type=int, default=80)
-    parser.add_argument("--tasks", default="hellaswag,winogrande,wikitext", help="native tasks (shared/data)")
+    parser.add_argument("--tasks", default="hellaswag,winogrande,wikitext", help="native tasks (tests/data)")
     parser.add_argument("--inject-every", type=int, default=500, help="one task query per this many documents")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run HERE (a machine with the package registry and ../shared), before bench/gpu.sh runs on a lent accelerator:
+# Run HERE (a machine with the package registry), before bench/gpu.sh runs on a lent accelerator:
 # puts into git-ignored folders what the lent H200 image lacks, for the device run to carry.
 #   .whl/       lm-eval 0.4.13's wheel (pure Python; HFLM needs nothing else the image lacks: torch, transformers,
 #               accelerate, numpy, jinja2, pyyaml, tqdm are there; Ray and datasets are not, and are not needed)
@@ -7,10 +7,9 @@
 # Then, on the device: `run` with carry [".whl", ".gpu-data"] and the command `bash bench/gpu.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SHARED=${SHARED:-../shared}
 mkdir -p .whl .gpu-data/hellaswag
 python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .whl lm-eval==0.4.13
-cp "$SHARED/data/hellaswag/validation.jsonl" .gpu-data/hellaswag/validation.jsonl
+xz -dc tests/data/hellaswag/validation.jsonl.xz > .gpu-data/hellaswag/validation.jsonl
 du -sh .whl .gpu-data

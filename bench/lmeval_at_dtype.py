@@ -1,13 +1,12 @@
-"""Run one of shared/golden/make's lm-eval scripts unchanged except for HFLM's dtype.
+"""Run the script that made the golden values (tests/golden/make_stories260K.py) unchanged except for HFLM's dtype.
 
-The scripts that made the golden values (lmeval_ref.py for HellaSwag/WinoGrande/WikiText, lmeval_hf_ref.py for
-lm-eval's own tasks) pin `dtype=float32` in the model_args they pass to lm_eval.simple_evaluate. To get lm-eval's
+The script pins `dtype=float32` in the model_args it passes to lm_eval.simple_evaluate. To get lm-eval's
 own numbers at bfloat16 or float16 from the very same task files, preprocessing and sample logging, this runs the
 script as it is with simple_evaluate wrapped so that only that one model argument changes (and the dtype is added
 to what the script writes, so an output file says what made it).
 
-    python bench/lmeval_at_dtype.py bfloat16 ../shared/golden/make/lmeval_ref.py MODEL hellaswag,winogrande \
-        OUT.json --limit 40
+    python bench/lmeval_at_dtype.py bfloat16 tests/golden/make_stories260K.py MODEL \
+        hellaswag_local,winogrande_local OUT.json --limit 40
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DATA, STORIES  # noqa: E402
 
 
 def run_lmeval(model: str, texts: list[str], batch_size: int) -> tuple[list[float], float]:
@@ -54,7 +55,7 @@ def run_raylm(model: str, texts: list[str], actors: int, tmp: Path) -> tuple[lis
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(SHARED / "data" / "models" / "stories260K-hf"))
+    parser.add_argument("--model", default=str(STORIES))
     parser.add_argument("--pages", type=int, default=12, help="WikiText-2 test articles")
     parser.add_argument("--batch-size", type=int, default=16, help="lm-eval's batch size")
     parser.add_argument("--actors", type=int, default=1)
@@ -65,7 +66,7 @@ def main() -> int:
 
     from raylm.tasks.wikitext import load_docs
 
-    texts = [d.text for d in load_docs(SHARED / "data")[: args.pages]]
+    texts = [d.text for d in load_docs(DATA)[: args.pages]]
     lm_loglik, lm_wall = run_lmeval(args.model, texts, args.batch_size)
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False

@@ -1,10 +1,10 @@
 """raylm against lm-evaluation-harness 0.4.13 (HFLM) on the same rows, whole-command wall time.
 
-Native tasks (hellaswag, winogrande, wikitext): lm-eval runs through shared/golden/make/lmeval_ref.py, the
-script (and local task yamls) that made the golden values. Any other name is an lm-eval task, group or tag: lm-eval
-runs through shared/golden/make/lmeval_hf_ref.py and raylm through its lm-eval task layer, both with the same
---include-path (by default the `<task>_local` YAMLs shared/golden/make/mk_local_tasks.py writes for the offline
-mirror, into the work directory). Needs the `bench` extra (pip install -e .[bench]).
+Native tasks (hellaswag, winogrande, wikitext): lm-eval runs through tests/golden/make_stories260K.py, the
+script (and reference task YAMLs) that made the golden values. Any other name is an lm-eval task, group or tag:
+lm-eval runs through the same script and raylm through its lm-eval task layer, both with the same --include-path
+(by default the `<task>_local` YAMLs tests/offline_tasks.py writes for the tests' offline mirror, into the work
+directory). Needs the `bench` extra (pip install -e .[bench]).
 
 --tasks is comma-separated groups, each one command per tool; '+' joins tasks into a group, and `:shots=K`,
 `:limit=N` (or `limit=all`) set a group's --num-fewshot and --limit (default: --rows).
@@ -33,7 +33,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     DATA,
-    LMEVAL_HF_REF,
     LMEVAL_REF,
     MK_LOCAL_TASKS,
     env,
@@ -98,12 +97,13 @@ def compare(group: Group, model: Path, work: Path, repeats: int, fixed_cost: boo
 
     def lmeval_cmd(n: int | None, out: Path) -> list[str]:
         if group.lmeval:
-            cmd = [sys.executable, str(LMEVAL_HF_REF), str(model), ",".join(group.tasks), str(out), "--include-path",
+            cmd = [sys.executable, str(LMEVAL_REF), str(model), ",".join(group.tasks), str(out), "--include-path",
                    str(include_path), "--batch-size", lmeval_batch, "--bootstrap-iters", str(LMEVAL_BOOTSTRAP_ITERS),
                    *(["--num-fewshot", str(group.shots)] if group.shots is not None else [])]
         else:
-            cmd = [sys.executable, str(LMEVAL_REF), str(model), ",".join(group.tasks), str(out), "--batch-size",
-                   lmeval_batch, *(["--num-fewshot", str(group.shots)] if group.shots is not None else [])]
+            cmd = [sys.executable, str(LMEVAL_REF), str(model), ",".join(f"{t}_local" for t in group.tasks), str(out),
+                   "--batch-size", lmeval_batch, "--bootstrap-iters", "0",
+                   *(["--num-fewshot", str(group.shots)] if group.shots is not None else [])]
         return cmd + (["--limit", str(n)] if n else [])
 
     def ours_cmd(n: int | None, out: Path) -> list[str]:
@@ -167,7 +167,7 @@ def lmeval_checks(lm_out: Path, ray_out: Path) -> list[str]:
 
 
 def local_tasks(work: Path) -> Path:
-    """lm-eval's own task YAMLs pointed at the offline mirror (mk_local_tasks.py), for both tools."""
+    """lm-eval's own task YAMLs pointed at the offline mirror (tests/offline_tasks.py), for both tools."""
     out = work / "local-tasks"
     subprocess.run([sys.executable, str(MK_LOCAL_TASKS), str(DATA / "hf"), str(out)], check=True, env=env(),
                    stdout=subprocess.DEVNULL)

@@ -1,4 +1,4 @@
-"""Shared fixtures: real data from ../shared, tiny offline models saved and reloaded via from_pretrained, one Ray."""
+"""Shared fixtures: real data from tests/data, tiny offline models saved and reloaded via from_pretrained, one Ray."""
 
 from __future__ import annotations
 
@@ -12,13 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixture_data import STORIES, data_dir
 from lm_eval.tasks import TaskManager
-
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-DATA = SHARED / "data"
-GOLDEN = SHARED / "golden" / "lmeval-0.4.13_stories260K.json"
-STORIES = DATA / "models" / "stories260K-hf"
-GPT2_TOKENIZER = DATA / "models" / "gpt2-tokenizer"
+from offline_tasks import wikitext_pages, write_mirror_tasks, write_pages, write_reference_tasks
 
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ.pop("RAY_ADDRESS", None)
@@ -36,6 +32,10 @@ else:
     atexit.register(shutil.rmtree, _SESSION_CACHE, True)
 os.environ.setdefault("HF_DATASETS_CACHE", str(_SESSION_CACHE / "hf-datasets"))
 os.environ.setdefault("RAYLM_CACHE_DIR", str(_SESSION_CACHE / "raylm"))
+
+# The tests' data (tests/data, some of it compressed), unpacked once per session for the code that reads it.
+DATA = data_dir()
+GPT2_TOKENIZER = DATA / "models" / "gpt2-tokenizer"
 
 # The test process scores in one torch thread. Its models are tiny (per-op overhead, not arithmetic), and it shares
 # the cores with a second xdist worker and with Ray actors: two OpenMP threads per process then wait at every op's
@@ -89,9 +89,17 @@ def local_tasks(tmp_path_factory) -> Path:
     """lm-eval's own task YAMLs with their data pointed at the offline mirror (arc_easy_local, boolq_local,
     piqa_local, mmlu_*_local and the mmlu_local groups), as a user passes them with --include-path."""
     out = tmp_path_factory.mktemp("local-tasks")
-    subprocess.run([sys.executable, str(SHARED / "golden" / "make" / "mk_local_tasks.py"), str(DATA / "hf"), str(out)],
-                   check=True, capture_output=True, timeout=300)
+    write_mirror_tasks(DATA / "hf", out)
     return out
+
+
+@pytest.fixture(scope="session")
+def reference_tasks(tmp_path_factory) -> Path:
+    """The lm-eval tasks the goldens' native numbers were made with (hellaswag_local, winogrande_local,
+    wikitext_local on all of WikiText-2's test pages), as an --include-path."""
+    out = tmp_path_factory.mktemp("reference-tasks")
+    pages = write_pages(wikitext_pages(DATA / "wikitext-2" / "test.txt"), out / "pages.jsonl")
+    return write_reference_tasks(DATA, pages, out)
 
 
 @pytest.fixture(scope="session")

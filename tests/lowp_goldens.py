@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 import tiny_families as fam
-from conftest import STORIES
+from fixture_data import STORIES
 
 GOLDEN = Path(__file__).resolve().parent / "goldens" / "lmeval_lowp.json"
 TASKS = ("hellaswag", "winogrande")

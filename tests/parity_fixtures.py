@@ -1,5 +1,5 @@
 """What the lm-eval parity goldens (tests/golden/lmeval-0.4.13_parity.json) were made on, rebuilt the same way by
-the tests and by tests/golden/make_parity.py: small data subsets of ../shared/data, lm-eval's own hellaswag and
+the tests and by tests/golden/make_parity.py: small data subsets of tests/data, lm-eval's own hellaswag and
 winogrande YAMLs pointed at them, the real stories260K Llama with chat templates written into its
 tokenizer_config.json, a seeded random GPT-2 on the real GPT-2 tokenizer, and a LoRA adapter kept in the repo.
 """
@@ -10,9 +10,10 @@ import json
 import shutil
 from pathlib import Path
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-DATA = SHARED / "data"
-STORIES = DATA / "models" / "stories260K-hf"
+from fixture_data import STORIES, data_dir
+from offline_tasks import wikitext_pages, write_mirror_tasks, write_pages, write_reference_tasks
+
+DATA = data_dir()
 GPT2_TOKENIZER = DATA / "models" / "gpt2-tokenizer"
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 ADAPTER = GOLDEN_DIR / "stories260K-lora"  # seeded random LoRA (q_proj, v_proj, r=4), made by make_parity.py
@@ -114,30 +115,16 @@ def make_adapter(out: Path) -> Path:
 
 
 def task_dir(out: Path, data: Path, local_tasks: Path | None = None) -> Path:
-    """One --include-path holding everything the goldens ran: mk_local_tasks' `<task>_local` YAMLs for the
-    offline mirror (arc_easy_local, ...; copied from `local_tasks` when given), the parity hellaswag/winogrande
-    YAMLs, and the reference wikitext_local (../shared/golden/make/lmeval_tasks) on the first WikiText-2 page."""
-    import importlib.util
-    import subprocess
-    import sys
-
-    make = SHARED / "golden" / "make"
+    """One --include-path holding everything the goldens ran: the mirror's `<task>_local` YAMLs (arc_easy_local,
+    ...; copied from `local_tasks` when given), the parity hellaswag/winogrande YAMLs, and the reference tasks
+    (tests/offline_tasks.py; the goldens ran its wikitext_local) with WikiText-2's first page."""
     if local_tasks is not None:
         shutil.copytree(local_tasks, out)
     else:
-        subprocess.run([sys.executable, str(make / "mk_local_tasks.py"), str(DATA / "hf"), str(out)], check=True,
-                       capture_output=True, timeout=600)
+        write_mirror_tasks(DATA / "hf", out)
     lmeval_yamls(out, data)
-    spec = importlib.util.spec_from_file_location("lmeval_ref", make / "lmeval_ref.py")
-    reference = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reference)
-    pages = out / "pages.jsonl"
-    reference.wikitext_pages(str(DATA / "wikitext-2" / "test.txt"), str(pages))
-    pages.write_text("".join(lines(pages)[:1]))
-    text = (make / "lmeval_tasks" / "wikitext_local.yaml").read_text().replace("${RAYLM_PAGES}", str(pages))
-    (out / "wikitext_local.yaml").write_text(text)
-    shutil.copy(make / "lmeval_tasks" / "utils.py", out / "utils.py")
-    return out
+    pages = write_pages(wikitext_pages(DATA / "wikitext-2" / "test.txt")[:1], out / "pages.jsonl")
+    return write_reference_tasks(data, pages, out)
 
 
 def wikitext_data(out: Path) -> Path:

@@ -20,7 +20,8 @@ import pytest
 import tiny_families as fam
 import torch
 import transformers
-from conftest import DATA, SHARED, STORIES
+from conftest import DATA, STORIES
+from fixture_data import FEW_SHOT, read_golden
 from reference import float64_copy, reference_score
 from reference_corpus import reference_kl, reference_strided_nll
 from transformers import AutoTokenizer
@@ -527,7 +528,6 @@ def test_the_driver_records_one_verdict_or_the_distinct_ones():
 
 # MMLU 5-shot as lm-eval 0.4.13 built it (the golden's prompts): every question of a subject carries the same
 # few-shot head (~700 tokens here), then its question, then four one-token choices: a tree three levels deep.
-FEWSHOT_GOLDEN = SHARED / "golden" / "lmeval-0.4.13_stories260K_fewshot.json"
 FEWSHOT_CONTEXT = 1024
 FEWSHOT_QUESTIONS = 4
 PACKED = [f for f in FAMILIES if EXPECTED[f][1]]
@@ -536,7 +536,7 @@ PACKED = [f for f in FAMILIES if EXPECTED[f][1]]
 @pytest.fixture(scope="module")
 def mmlu_fewshot(encoder):
     """(contexts, continuations) of the first questions of abstract_algebra, 5-shot, in stories260K's tokens."""
-    samples = json.loads(FEWSHOT_GOLDEN.read_text())["samples"]["mmlu_abstract_algebra_local"][:FEWSHOT_QUESTIONS]
+    samples = read_golden(FEW_SHOT)["samples"]["mmlu_abstract_algebra_local"][:FEWSHOT_QUESTIONS]
     pairs = [tuple(argument) for sample in samples for argument in sample["arguments"]]
     requests = Encoder(encoder.tokenizer, FEWSHOT_CONTEXT).encode_pairs(pairs)
     return [list(c) for c, _ in requests], [list(k) for _, k in requests]

@@ -26,7 +26,7 @@ import ray
 from lm_eval.api.model import LM
 
 import raylm.contamination.scan as scan_module
-from conftest import DATA, SHARED, restart_ray, tasks_only
+from conftest import DATA, restart_ray, tasks_only
 from raylm.cli import main
 from raylm.config import EvalConfig
 from raylm.contamination.documents import load_scan_tasks
@@ -428,21 +428,6 @@ def test_samples_are_decontaminated_by_their_own_index(local_tasks):
     assert_decontaminated_are_lm_evals(ours, theirs, [name])
 
 
-@pytest.fixture(scope="module")
-def golden_tasks(tmp_path_factory):
-    """The golden's lm-eval reference tasks for the native ones (make/lmeval_tasks: hellaswag_local,
-    winogrande_local, wikitext_local on the same data)."""
-    out = tmp_path_factory.mktemp("golden-tasks")
-    from raylm.tasks.queries import native_queries
-
-    pages = out / "pages.jsonl"
-    pages.write_text("".join(json.dumps({"page": p}) + "\n" for p in native_queries("wikitext", DATA)))
-    for source in (SHARED / "golden" / "make" / "lmeval_tasks").iterdir():
-        text = source.read_text().replace("${RAYLM_DATA}", str(DATA)).replace("${RAYLM_PAGES}", str(pages))
-        (out / source.name).write_text(text)
-    return out
-
-
 def test_eval_command_line_takes_the_documented_flags(ray_session, tiny_llama, corpus, jsonl_scan, tmp_path, capsys):
     """`raylm eval` with documented flags whose effects other tests check through EvalConfig (--decontaminate
     above, --samples and --system-instruction against lm-eval's goldens, 4-bit loading, GPUs per actor): each
@@ -466,7 +451,7 @@ def test_eval_command_line_takes_the_documented_flags(ray_session, tiny_llama, c
     assert all(a["arg_0"].startswith("Pick one.") for s in logged for a in s["arguments"].values())
 
 
-def test_eval_decontaminate_end_to_end(ray_session, tiny_llama, local_tasks, golden_tasks, corpus, jsonl_scan):
+def test_eval_decontaminate_end_to_end(ray_session, tiny_llama, local_tasks, reference_tasks, corpus, jsonl_scan):
     """`raylm eval --decontaminate` on actors, native and lm-eval tasks: each native task's `_decontaminate`
     metrics are those lm-eval's own task (the golden's) reports for raylm's scores of the clean documents alone;
     lm-eval tasks carry theirs; results.json records the scan and the counts; a scan that lacks a task, or holds
@@ -503,7 +488,7 @@ def test_eval_decontaminate_end_to_end(ray_session, tiny_llama, local_tasks, gol
                 for name, golden in (("winogrande", "winogrande_local"), ("hellaswag", "hellaswag_local"),
                                      ("wikitext", "wikitext_local"))}
     theirs = lm_eval.simple_evaluate(model=ReplayLM(scores, selected), tasks=list(selected),
-                                     task_manager=tasks_only(golden_tasks), samples=selected,
+                                     task_manager=tasks_only(reference_tasks), samples=selected,
                                      bootstrap_iters=100)
     native = out["results"]
     for name, golden in (("winogrande", "winogrande_local"), ("hellaswag", "hellaswag_local"),

@@ -125,21 +125,7 @@ def test_native_queries_are_those_of_the_lm_eval_task_each_reproduces(tmp_path):
     assert query_rule(tasks["hs_lm"]).startswith("doc_to_text (lm-eval's default")
 
 
-@pytest.fixture(scope="module")
-def golden_tasks(tmp_path_factory):
-    """The golden's lm-eval tasks (make/lmeval_tasks), which set no should_decontaminate: lm-eval's defaults."""
-    from conftest import SHARED
-
-    out = tmp_path_factory.mktemp("golden-tasks")
-    pages = out / "pages.jsonl"
-    pages.write_text("".join(json.dumps({"page": p}) + "\n" for p in native_queries("wikitext", DATA)))
-    for source in (SHARED / "golden" / "make" / "lmeval_tasks").iterdir():
-        text = source.read_text().replace("${RAYLM_DATA}", str(DATA)).replace("${RAYLM_PAGES}", str(pages))
-        (out / source.name).write_text(text)
-    return out
-
-
-def test_tasks_without_a_query_are_searched_for_their_own_text(golden_tasks):
+def test_tasks_without_a_query_are_searched_for_their_own_text(reference_tasks):
     """No should_decontaminate: doc_to_text (hellaswag_local); a rolling task's document itself, doc_to_target
     (wikitext_local's detokenized page); a multiple-input task's gold choice and target (winogrande_local's
     sentence with its blank filled by the right option)."""
@@ -149,7 +135,7 @@ def test_tasks_without_a_query_are_searched_for_their_own_text(golden_tasks):
     from raylm.tasks.lmeval.queries import document_queries, query_rule
 
     names = ["hellaswag_local", "wikitext_local", "winogrande_local"]
-    tasks = TaskManager(include_path=str(golden_tasks), include_defaults=False).load(names)["tasks"]
+    tasks = TaskManager(include_path=str(reference_tasks), include_defaults=False).load(names)["tasks"]
     assert [q for _, q in document_queries("hellaswag_local", tasks["hellaswag_local"], 50)] == \
         native_queries("hellaswag", DATA)[:50]
     pages = native_queries("wikitext", DATA)[:3]

@@ -12,7 +12,8 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import DATA, SHARED, STORIES
+from conftest import DATA, STORIES
+from fixture_data import FEW_SHOT, read_golden
 from task_requests import build_task_requests
 
 from raylm.cluster.actors import score_shard
@@ -30,23 +31,22 @@ from raylm.scoring.sums import shard_sums
 from raylm.tasks import hellaswag, winogrande
 from raylm.tasks.base import with_fewshot
 
-FEWSHOT_GOLDEN = SHARED / "golden" / "lmeval-0.4.13_stories260K_fewshot.json"
 SHOTS = 5
 SCORED = 200
 
 
 @pytest.fixture(scope="module")
 def golden() -> dict:
-    data = json.loads(FEWSHOT_GOLDEN.read_text())
+    data = read_golden(FEW_SHOT)
     # How the golden was made: winogrande_local with its few-shot pool winogrande/train_s.jsonl, 5-shot.
     assert any("winogrande" in r["command"] and f"--num-fewshot {SHOTS}" in r["command"] for r in data["runs"])
     return data
 
 
-def test_winogrande_pool_is_the_one_lm_eval_used():
+def test_winogrande_pool_is_the_one_lm_eval_used(reference_tasks):
     """raylm takes the largest train_*.jsonl present; the golden's lm-eval task read train_s.jsonl."""
-    yaml = (SHARED / "golden" / "make" / "lmeval_tasks" / "winogrande_local.yaml").read_text()
-    assert "train: ${RAYLM_DATA}/winogrande/train_s.jsonl" in yaml
+    yaml = (reference_tasks / "winogrande_local.yaml").read_text()
+    assert f"train: {DATA / 'winogrande' / 'train_s.jsonl'}" in yaml
     pool = winogrande.load_fewshot_pool(DATA)
     assert [d.row_key for d in pool] == [r.content_key() for r in read_jsonl(DATA / "winogrande" / "train_s.jsonl")]
 

@@ -1,16 +1,15 @@
 """raylm against lm-evaluation-harness 0.4.13's own outputs for the stories260K model on the full fixture sets.
 
-Tolerances follow shared/golden/README.md: lm-eval sums float32 log-probs per request, so its own values move by
+Tolerances follow tests/golden/README.md: lm-eval sums float32 log-probs per request, so its own values move by
 up to ~1e-4 with batch size; predictions and accuracy must match exactly, perplexities to 1e-6 relative.
 """
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-from conftest import DATA, GOLDEN, STORIES
+from conftest import DATA, STORIES
+from fixture_data import ORIGINAL, read_golden
 from task_requests import build_task_requests
 
 from raylm.cluster.actors import score_shard
@@ -37,7 +36,7 @@ def scored():
 
 @pytest.fixture(scope="module")
 def golden():
-    return json.loads(GOLDEN.read_text())
+    return read_golden(ORIGINAL)
 
 
 @pytest.mark.parametrize("task", ["hellaswag", "winogrande"])

@@ -16,7 +16,8 @@ import lm_eval
 import pyarrow.parquet as pq
 import pytest
 import ray
-from conftest import DATA, GOLDEN, STORIES, tasks_only
+from conftest import DATA, STORIES, tasks_only
+from fixture_data import ZERO_SHOT, read_golden
 from lm_eval.result_schema import EvalResults
 from lm_eval.utils import make_table
 from pydantic import TypeAdapter, ValidationError
@@ -135,7 +136,7 @@ def test_results_json_is_as_valid_an_eval_results_as_lm_evals_own(cli_run, local
     ours = schema_problems(results)
     # lm-eval's own output departs in these two ways too: its configs hold lists and dicts, and a metric without
     # a stderr function (wikitext's perplexities) gets "N/A".
-    golden = json.loads(GOLDEN.read_text())
+    golden = read_golden(ZERO_SHOT)
     theirs = schema_problems({"results": golden["results"]}) | schema_problems(
         {"configs": {"t": tasks_only(local_tasks).load(["arc_easy_local"])["tasks"][
             "arc_easy_local"].dump_config()}})

@@ -1,4 +1,4 @@
-"""lm-eval-backed tasks against lm-evaluation-harness 0.4.13's own outputs for stories260K (../shared/golden).
+"""lm-eval-backed tasks against lm-evaluation-harness 0.4.13's own outputs for stories260K (tests/golden).
 
 Scored by raylm's real pipeline (lm-eval builds the requests, raylm's Encoder tokenises, raylm's Scorer scores,
 lm-eval computes the metrics): prompts character for character, per-request loglikelihoods within the golden
@@ -7,7 +7,7 @@ stderr of tasks and groups to 1e-6 relative of lm-eval's. Zero-shot: all of ARC-
 (the golden runs themselves), the first 25 documents of each MMLU subject (groups included) and 100 of BoolQ;
 few-shot: MMLU 5-shot (first_n from dev, each subject's description) and ARC-Easy 3-shot (the default sampler
 drawing from the evaluated split, excluding the evaluated document) on their first documents; rolling: lm-eval's
-wikitext task (make/lmeval_tasks) on 4 pages. On a subset, lm-eval's numbers are those its metric code gives for
+wikitext task (reference_tasks) on 4 pages. On a subset, lm-eval's numbers are those its metric code gives for
 its own scores of the same documents (`--limit N` builds the first N documents' requests exactly as a full run).
 
 The metrics path alone (lm-eval's own scores in, lm-eval's own numbers out, bit for bit) is checked on every
@@ -16,13 +16,13 @@ golden run in full, BoolQ's 3,270 documents included.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from conftest import DATA, SHARED, STORIES
+from conftest import STORIES
+from fixture_data import FEW_SHOT, ORIGINAL, ZERO_SHOT, read_golden
 
 from raylm.cluster.actors import score_shard
 from raylm.config import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED
@@ -37,9 +37,8 @@ from raylm.scoring.scorer import Scorer
 from raylm.tasks.lmeval.build import load_and_build
 from raylm.tasks.lmeval.names import select
 
-GOLDEN = SHARED / "golden"
 SEEDS = (DEFAULT_RANDOM_SEED, DEFAULT_OTHER_SEED, DEFAULT_OTHER_SEED, DEFAULT_OTHER_SEED)
-BOOTSTRAP_ITERS = 1000  # what make/lmeval_hf_ref.py and make/lmeval_ref.py ran with
+BOOTSTRAP_ITERS = 1000  # what the golden runs used (tests/golden/make_stories260K.py)
 METRIC_REL = 1e-6
 
 
@@ -53,9 +52,6 @@ class Run:
     tasks_dir: str = "local_tasks"  # the --include-path fixture holding the names
 
 
-ORIGINAL = "lmeval-0.4.13_stories260K.json"
-ZERO_SHOT = "lmeval-0.4.13_stories260K_tasks.json"
-FEW_SHOT = "lmeval-0.4.13_stories260K_fewshot.json"
 SCORED = {
     "arc_easy": Run(ZERO_SHOT, ("arc_easy_local",), None, None),
     "piqa": Run(ZERO_SHOT, ("piqa_local",), None, 300, 300),
@@ -75,23 +71,8 @@ GOLDEN_RUNS = {
 
 
 @pytest.fixture(scope="module")
-def reference_tasks(tmp_path_factory):
-    """make/lmeval_tasks as make/lmeval_ref.py writes them (its data paths filled in, its WikiText pages)."""
-    spec = importlib.util.spec_from_file_location("lmeval_ref", GOLDEN / "make" / "lmeval_ref.py")
-    reference = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reference)
-    out = tmp_path_factory.mktemp("reference-tasks")
-    pages = out / "pages.jsonl"
-    reference.wikitext_pages(str(DATA / "wikitext-2" / "test.txt"), str(pages))
-    for source in (GOLDEN / "make" / "lmeval_tasks").iterdir():
-        text = source.read_text().replace("${RAYLM_DATA}", str(DATA)).replace("${RAYLM_PAGES}", str(pages))
-        (out / source.name).write_text(text)
-    return out
-
-
-@pytest.fixture(scope="module")
 def goldens():
-    return {name: json.loads((GOLDEN / name).read_text()) for name in (ORIGINAL, ZERO_SHOT, FEW_SHOT)}
+    return {name: read_golden(name) for name in (ORIGINAL, ZERO_SHOT, FEW_SHOT)}
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ TASKS = ("arc_easy_local",)
 LIMIT = 5
 NATIVE = ("hellaswag", "winogrande", "wikitext")
 NATIVE_GOLDEN = Path(__file__).parent / "golden" / "lmeval-0.4.13_native_samples"
-# What holds a loglikelihood, which lm-eval and raylm sum in different orders (../shared/golden/README.md's tolerance)
+# What holds a loglikelihood, which lm-eval and raylm sum in different orders (tests/golden/README.md's tolerance)
 LOGLIKELIHOODS = ("resps", "filtered_resps", "word_perplexity", "byte_perplexity", "bits_per_byte")
 
 

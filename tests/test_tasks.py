@@ -6,7 +6,8 @@ import json
 import random
 
 import pytest
-from conftest import DATA, GOLDEN, STORIES
+from conftest import DATA, STORIES
+from fixture_data import ORIGINAL, read_golden
 
 from raylm.errors import InputError
 from raylm.models.loading import load_tokenizer
@@ -18,7 +19,7 @@ from raylm.tasks import get_task, hellaswag, wikitext
 
 @pytest.fixture(scope="module")
 def golden():
-    return json.loads(GOLDEN.read_text())["samples"]
+    return read_golden(ORIGINAL)["samples"]
 
 
 @pytest.mark.parametrize("task", ["hellaswag", "winogrande"])

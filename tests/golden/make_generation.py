@@ -90,7 +90,7 @@ def weights_sha(model: Path) -> dict[str, str]:
 
 
 MODEL_RECIPES = {
-    "stories": "../shared/data/models/stories260K-hf as shipped",
+    "stories": "raylm/demo/models/stories260K-hf (the tests' stories260K) as shipped",
     "chat": "tests/parity_fixtures.chat_model(dir, parity_fixtures.LLAMA3_STYLE)",
     **{family: f"tests/tiny_families.build({family!r}, dir, seed={FAMILY_SEED}) + stories260K's "
                f"{', '.join(TOKENIZER_FILES)} copied in (make_generation.family_model)" for family in FAMILIES},
@@ -124,7 +124,7 @@ def run_one(name: str, run: dict, model: Path, tasks_dir: Path, contexts: dict[s
         gen_kwargs=run.get("gen_kwargs"), task_manager=TaskManager(include_path=str(tasks_dir)), log_samples=True,
         apply_chat_template=run.get("apply_chat_template", False),
         fewshot_as_multiturn=run.get("fewshot_as_multiturn", False))
-    model_arg = "../shared/data/models/stories260K-hf" if run["model"] == "stories" else f"<{run['model']} model dir>"
+    model_arg = "raylm/demo/models/stories260K-hf" if run["model"] == "stories" else f"<{run['model']} model dir>"
     out = {"settings": {**run, "batch_size": batch_size, "dtype": "float32", "device": "cpu"},
            "command": f"python tests/golden/make_generation.py {name}", "lm_eval_cli": lm_eval_cli(run, model_arg),
            **{key: res.get(key) for key in ("results", "groups", "group_subtasks", "n-shot", "n-samples")},

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""lm-eval 0.4.13's own generate_until task YAMLs pointed at the offline mirror (../shared/data/hf), as an
+"""lm-eval 0.4.13's own generate_until task YAMLs pointed at the offline mirror (tests/data/hf), as an
 --include-path: `gsm8k_local`, `gsm8k_cot_local` (openai/gsm8k/main train + test) and the group
 `mmlu_generative_local` over the mirror's six MMLU subjects (`mmlu_<subject>_generative_local`, grouped by category
 as lm-eval's `mmlu_generative` is, exact_match of the get_response filter weighted by size).
 
 Each task YAML `include`s the installed lm-eval YAML unchanged and overrides only where its data comes from and the
-splits the mirror lacks, written by ../shared/golden/make/mk_local_tasks.py's own `override` (called, so the two
+splits the mirror lacks, written by tests/offline_tasks.py's own `override` (called, so the two
 generators cannot drift). The YAMLs hold absolute paths: write them where they are used (a test's tmp directory).
 
 usage: python tests/golden/make_generation_tasks.py OUT_DIR      (prints the task and group names)
@@ -13,13 +13,15 @@ usage: python tests/golden/make_generation_tasks.py OUT_DIR      (prints the tas
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-MIRROR = SHARED / "data" / "hf"
-MK_LOCAL_TASKS = SHARED / "golden" / "make" / "mk_local_tasks.py"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fixture_data import data_dir  # noqa: E402
+from offline_tasks import data_files, override  # noqa: E402
+
+MIRROR = data_dir() / "hf"
 GSM8K = MIRROR / "openai" / "gsm8k" / "main"
 MMLU = MIRROR / "cais" / "mmlu"
 GSM8K_TASKS = {"gsm8k_local": "gsm8k/gsm8k.yaml", "gsm8k_cot_local": "gsm8k/gsm8k-cot.yaml"}
@@ -32,28 +34,19 @@ def _aggregate(indent: str) -> list[str]:
             f"{indent}    filter_list: get_response"]
 
 
-def _mk_local_tasks():
-    spec = importlib.util.spec_from_file_location("mk_local_tasks", MK_LOCAL_TASKS)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def gsm8k_yaml(task: str, rel: str) -> str:
     """`task`: lm-eval's YAML at `rel` (under lm_eval/tasks) unchanged but for its data, the mirror's GSM8K."""
     import lm_eval.tasks
     from lm_eval.tasks._yaml_loader import load_yaml
 
     include = Path(lm_eval.tasks.__file__).parent / rel
-    mk = _mk_local_tasks()
-    return mk.override(task, include, mk.data_files(GSM8K), load_yaml(str(include), resolve_func=False))
+    return override(task, include, data_files(GSM8K), load_yaml(str(include), resolve_func=False))
 
 
 def data_yaml(folder: Path) -> str:
-    """The data keys mk_local_tasks.override writes for a mirror folder (its lines after `task:` and `include:`),
+    """The data keys offline_tasks.override writes for a mirror folder (its lines after `task:` and `include:`),
     for a test's own task YAML on the same data."""
-    mk = _mk_local_tasks()
-    return "".join(line + "\n" for line in mk.override("", "", mk.data_files(folder), {}).splitlines()[2:])
+    return "".join(line + "\n" for line in override("", "", data_files(folder), {}).splitlines()[2:])
 
 
 def write_tasks(out: Path) -> list[str]:
@@ -61,7 +54,6 @@ def write_tasks(out: Path) -> list[str]:
     import lm_eval.tasks
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    mk = _mk_local_tasks()
     lmeval_tasks = Path(lm_eval.tasks.__file__).parent
     out.mkdir(parents=True, exist_ok=True)
     for task, rel in GSM8K_TASKS.items():
@@ -73,7 +65,7 @@ def write_tasks(out: Path) -> list[str]:
         category = cfg["tag"].removeprefix("mmlu_").removesuffix("_generative")
         categories.add(category)
         (out / f"mmlu_{subject}_generative_local.yaml").write_text(
-            mk.override(f"mmlu_{subject}_generative_local", include, mk.data_files(MMLU / subject), cfg,
+            override(f"mmlu_{subject}_generative_local", include, data_files(MMLU / subject), cfg,
                         tag=f"{MMLU_GROUP}_{category}_tasks"))
     group = [f"group: {MMLU_GROUP}", "group_alias: mmlu (generative)", "task:"]
     for category in sorted(categories):

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""lm-eval 0.4.13's own --log_samples jsonl for its hellaswag, winogrande and wikitext on the first rows of the shared
-fixture files, for tests/test_sample_logs.py to hold raylm's native tasks' jsonl against.
+"""lm-eval 0.4.13's own --log_samples jsonl for its hellaswag, winogrande and wikitext on the first rows of the tests'
+data (tests/data), for tests/test_sample_logs.py to hold raylm's native tasks' jsonl against.
 
-lm-eval runs its installed task YAMLs unchanged (included), with only the data pointed at the shared files:
+lm-eval runs its installed task YAMLs unchanged (included), with only the data pointed at the tests' files:
 `json` data_files for HellaSwag's validation rows and WinoGrande's dev rows, and WikiText-2's test.txt split
-into pages by the golden README's rule (../shared/golden/make/lmeval_ref.py's wikitext_pages). The model is
+into pages by the goldens' rule (tests/offline_tasks.py's wikitext_pages). The model is
 stories260K (HFLM, float32, CPU, batch size 1), zero-shot, the first LIMIT documents of each task; the files are
 saved by lm-eval's EvaluationTracker, as its CLI saves them, then renamed without their date.
 
@@ -19,22 +19,22 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SHARED = HERE.parents[2] / "shared"
-DATA = SHARED / "data"
-MODEL = DATA / "models" / "stories260K-hf"
+sys.path.insert(0, str(HERE.parent))
+
+from fixture_data import STORIES as MODEL  # noqa: E402
+from fixture_data import data_dir  # noqa: E402
+from offline_tasks import wikitext_pages, write_pages  # noqa: E402
+
+DATA = data_dir()
 OUT = HERE / "lmeval-0.4.13_native_samples"
 LIMIT = 3
 
 
 def task_yamls(out: Path) -> None:
-    sys.path.insert(0, str(SHARED / "golden" / "make"))
-    from lmeval_ref import wikitext_pages
-
     import lm_eval.tasks
 
     tasks = Path(lm_eval.tasks.__file__).parent
-    pages = out / "pages.jsonl"
-    wikitext_pages(str(DATA / "wikitext-2" / "test.txt"), str(pages))
+    pages = write_pages(wikitext_pages(DATA / "wikitext-2" / "test.txt"), out / "pages.jsonl")
     data = {"hellaswag": ("hellaswag/hellaswag.yaml", "validation", DATA / "hellaswag" / "validation.jsonl"),
             "winogrande": ("winogrande/default.yaml", "validation", DATA / "winogrande" / "dev.jsonl"),
             "wikitext": ("wikitext/wikitext.yaml", "test", pages)}

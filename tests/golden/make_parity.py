@@ -3,8 +3,8 @@
 few-shot multiturn and single-turn, a named template), system instructions, PEFT adapters, HFLM's add_bos_token
 and prefix_token_id, fractional --limit and --samples. Each run in tests/parity_fixtures.RUNS is lm-eval's own
 simple_evaluate with HFLM (float32, CPU) on the models and data that module builds; its task YAMLs are
-../shared/golden/make's (mk_local_tasks.py, lmeval_tasks/wikitext_local.yaml) plus lm-eval's own hellaswag and
-winogrande YAMLs pointed at small local subsets.
+tests/offline_tasks.py's (the mirror's `<task>_local` and the reference wikitext_local) plus lm-eval's own
+hellaswag and winogrande YAMLs pointed at small local subsets.
 
 Per request it keeps the strings' and token ids' SHA-256 (the token ids exactly as HFLM.loglikelihood and
 loglikelihood_rolling build them), their token counts, lm-eval's loglikelihood and is_greedy; the first two

@@ -2,7 +2,7 @@
 and float16 for the stories260K golden model and the architecture matrix's tiny models, on the first documents of
 HellaSwag and WinoGrande.
 
-lm-eval runs through ../shared/golden/make/lmeval_ref.py (the script that made the float32 goldens) with only HFLM's
+lm-eval runs through tests/golden/make_stories260K.py (the script that made the float32 goldens) with only HFLM's
 dtype changed (bench/lmeval_at_dtype.py). What is kept per model and dtype: a digest of the weights, a digest of the
 requests' strings, and lm-eval's loglikelihood for every request (bf16/fp16 values print short), so the file stays
 small; the commands and versions go in with them.
@@ -29,10 +29,9 @@ TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
 
-from conftest import DATA, SHARED  # noqa: E402
 from lowp_goldens import GOLDEN, TASKS, model_dir, requests_digest, weights_digest  # noqa: E402
 
-LMEVAL_REF = SHARED / "golden" / "make" / "lmeval_ref.py"
+LMEVAL_REF = TESTS / "golden" / "make_stories260K.py"
 LMEVAL_AT_DTYPE = REPO / "bench" / "lmeval_at_dtype.py"
 ROWS = {"stories260K": 60, "tiny": 16}  # documents per task; tiny models: HellaSwag's doc 32 does not fit 128 tokens
 # lm-eval 0.4.13 finds no context length in MPT's config (it is `max_seq_len`), feeds the tiny MPT 2048-token inputs
@@ -49,10 +48,9 @@ def cpu_name() -> str:
 
 def lmeval(model: Path, dtype: str, rows: int, out: Path) -> tuple[list[str], dict]:
     """lm-eval's output for the model at dtype; an output already in the work directory is reused."""
-    cmd = [sys.executable, str(LMEVAL_AT_DTYPE), dtype, str(LMEVAL_REF), str(model), ",".join(TASKS), str(out),
-           "--limit", str(rows)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "RAYLM_DATA": str(DATA),
-           "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, str(LMEVAL_AT_DTYPE), dtype, str(LMEVAL_REF), str(model),
+           ",".join(f"{task}_local" for task in TASKS), str(out), "--limit", str(rows), "--bootstrap-iters", "0"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if out.exists():
         return cmd, json.loads(out.read_text())
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -77,7 +75,7 @@ def main() -> None:
     golden = {"made_by": f"python {Path(__file__).relative_to(REPO)}", "date": datetime.date.today().isoformat(),
               "machine": cpu_name(),
               "versions": {name: metadata.version(name) for name in ("lm_eval", "torch", "transformers")},
-              "lmeval_script": "shared/golden/make/lmeval_ref.py via bench/lmeval_at_dtype.py", "models": {}}
+              "lmeval_script": "tests/golden/make_stories260K.py via bench/lmeval_at_dtype.py", "models": {}}
     for name in args.models.split(","):
         path = model_dir(name, work)
         rows = ROWS["tiny" if name.startswith("tiny:") else name]
