@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -72,6 +73,23 @@ def test_a_write_that_fails_leaves_the_previous_object_or_none(s3):
         p.write(pa.table({"x": [1]}))
         1 / 0
     assert (out / "results.json").read_bytes() == b"old" and [p.name for p in out.iterdir()] == ["results.json"]
+
+
+def test_an_upload_interrupted_midway_leaves_no_object(s3, monkeypatch):
+    """Ctrl-C between two chunks of an upload: pyarrow's stream still completes what it sent when it closes, so
+    the upload goes to another name, deleted here; the final name never holds a part."""
+    real_copy = shutil.copyfileobj
+
+    def interrupted(src, dst, length=0):
+        dst.write(src.read(length))
+        raise KeyboardInterrupt
+
+    out = location(f"{s3}/run")
+    monkeypatch.setattr(shutil, "copyfileobj", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(out / "samples.parquet", b"x" * (3 << 20))
+    monkeypatch.setattr(shutil, "copyfileobj", real_copy)
+    assert out.iterdir() == []
 
 
 def test_a_scheme_pyarrow_lacks_goes_through_fsspec():
