@@ -73,6 +73,9 @@ def test_credentials_in_a_uri_reach_the_store_and_nothing_else(s3, monkeypatch):
         refused = refusal(out)
     assert json.loads(held)["command"] == f"raylm eval --output s3://***@{bucket}/run"
     assert f"'s3://***@{bucket}/run' is in use" in refused and KEY not in refused + held
+    with_region = prepare_output(f"{uri}?region=us-east-1")  # a query option keeps AWS_ENDPOINT_URL's endpoint
+    write_atomic(with_region / "x.json", b"{}")
+    assert str(with_region) == f"s3://***@{bucket}/run?region=us-east-1" and (out / "x.json").read_bytes() == b"{}"
     for bad in (f"s3://{KEY}:{SECRET}@{bucket}/run", f"s3://{KEY}:{quote(SECRET, safe='')}@{bucket}/run?bogus=1"):
         with pytest.raises(RaylmError) as raised:
             location(bad)
