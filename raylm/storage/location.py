@@ -160,6 +160,7 @@ def location(where: str | os.PathLike[str] | Location) -> Location:
                 raise
             fs, path = _fsspec(text)
     except (OSError, ValueError, ImportError, pa.ArrowException) as e:
+        # Not chained: the client's own error may quote the secret, and a traceback would show it.
         raise RaylmError(f"cannot open output '{shown}': {_without_secrets(str(e), text)}") from None
     return Location(fs, path, base, query)
 
