@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS
 from raylm.tasks import TASKS
+
+if TYPE_CHECKING:
+    from raylm.storage.location import Location
 
 # lm-eval's seeds (lm_eval.defaults): Python's `random` 0, numpy, torch and the few-shot sampler 1234.
 DEFAULT_RANDOM_SEED = 0
@@ -43,7 +46,7 @@ class EvalConfig:
     actors: int | None = None
     shard_requests: int = DEFAULT_SHARD_REQUESTS
     progress: bool = True
-    output: Path | str | None = None  # checkpoint finished shards here (a local path or a filesystem URI)
+    output: Path | str | Location | None = None  # checkpoint finished shards here (a local path or a filesystem URI)
     overwrite: bool = False  # discard results a different run left in `output`
     num_gpus: float | None = None
     num_cpus: float | None = None  # CPUs per actor, replacements included (default: the node's CPUs shared out)

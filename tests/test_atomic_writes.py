@@ -13,6 +13,8 @@ from raylm.config import EvalConfig
 from raylm.models.spec import ModelSpec
 from raylm.results.report import EvalResult, TaskResult, write_samples
 
+pytest_plugins = ["faulty_fs"]  # its fixture: faulty
+
 SCORED = pa.table({"doc_id": [0, 0, 1], "req_idx": [0, 1, 0], "loglikelihood": [-1.0, -2.0, -3.0]})
 
 
@@ -51,3 +53,17 @@ def test_a_written_file_has_the_permissions_the_umask_gives_any_new_file(tmp_pat
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "results.json").stat().st_mode) == 0o664
+
+
+def test_a_write_failing_midway_on_a_filesystem_without_rename_leaves_no_file(faulty):
+    """fsspec's filesystems (sftp, ftp, here its in-memory one) show a file under its name from the moment it is
+    opened: a write there goes to another name first, so the 2nd of 3 chunks failing leaves nothing at the name."""
+    from raylm.storage.atomic import write_atomic
+    from raylm.storage.location import location
+
+    out = location("faulty://run")
+    write_atomic(out / "old.json", b"{}")
+    faulty.fail_write_at = 3  # old.json's one write, then the new file's first chunk, then its second
+    with pytest.raises(OSError, match="No space left"):
+        write_atomic(out / "samples.parquet", b"x" * (3 << 20))
+    assert [p.name for p in out.iterdir()] == ["old.json"]

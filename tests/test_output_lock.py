@@ -17,6 +17,7 @@ import pytest
 from raylm.cli import main
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.errors import RaylmError
+from raylm.storage import lock
 from raylm.storage.lock import LOCK_FILE, output_lock
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,3 +105,14 @@ def test_every_command_that_writes_stops_before_any_work(held, command, tmp_path
                                  f"(pid {proc.pid} "), errors
     assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]  # nothing written
     assert DEMO_DATA.is_dir()
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "2", "inf", "nan"])
+def test_a_lease_length_that_cannot_work_is_one_line_naming_the_variable(value, tmp_path, monkeypatch):
+    """0 would renew without pause, and a lease shorter than the wait before its first renewal would expire while
+    its holder runs."""
+    monkeypatch.setenv(lock.LEASE_ENV, value)
+    with pytest.raises(RaylmError, match=rf"^RAYLM_LOCK_LEASE_S='{value}' is not a lease length: give seconds, at "
+                                         r"least 3$"):
+        with output_lock(tmp_path):
+            pass

@@ -4,6 +4,7 @@ way, before any work."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,12 @@ import pytest
 from raylm.cluster.checkpoint import Checkpoint
 from raylm.contamination import membership_run, report
 from raylm.errors import RaylmError
+from raylm.results.sample_logs import date_id, sample_log_name
+from raylm.storage.atomic import write_atomic, write_parquet_atomic
+from raylm.storage.location import location
 from raylm.storage.ownership import check_results_owner, tagged
+
+pytest_plugins = ["faulty_fs"]  # its fixture: faulty
 
 MANIFEST = {"code": {"raylm": "0.1.0"}}
 
@@ -67,3 +73,31 @@ def test_files_raylm_did_not_write_stay(command, tmp_path):
             check(tmp_path)
         assert path.exists()
         path.unlink()
+
+
+def test_overwrite_removes_the_previous_runs_sample_logs_and_only_those(tmp_path):
+    """lm-eval's samples_<task>_<date>.jsonl carry a new date each run: --overwrite deletes the previous run's,
+    those of a task whose Parquet samples raylm wrote, and leaves a jsonl of the user's."""
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    pq.write_table(tagged(pa.table({"x": [1]})), samples / "arc_easy.parquet")
+    previous = samples / sample_log_name("arc_easy", date_id())
+    theirs = samples / sample_log_name("hellaswag", date_id())
+    for path in (previous, theirs):
+        path.write_text("{}\n")
+    Checkpoint.open(tmp_path, MANIFEST, overwrite=True)
+    assert sorted(p.name for p in samples.iterdir()) == [theirs.name]
+
+
+def test_a_sweep_point_moved_aside_and_cut_short_is_one_the_next_sweep_accepts(faulty):
+    """On a filesystem without directories a point moves file by file; a move cut short must not leave shards
+    without the manifest that says whose they are (the next sweep would refuse the point as not raylm's)."""
+    point = location("faulty://sweep/model/point")
+    write_atomic(point / "results.json", written_by("eval").encode())
+    write_atomic(point / "checkpoint" / "manifest.json", json.dumps(MANIFEST).encode())
+    for index in range(2):
+        write_parquet_atomic(point / "checkpoint" / "shards" / f"{index:06d}.parquet", tagged(pa.table({"x": [1]})))
+    faulty.moves, faulty.fail_move_at = itertools.count(1), 2
+    with pytest.raises(OSError, match="Connection reset"):
+        point.move(location("faulty://sweep/superseded/then/model/point"))
+    Checkpoint(point, {**MANIFEST, "data": "another config"}).refuse_foreign()

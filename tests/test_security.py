@@ -13,6 +13,7 @@ from raylm.cli import build_parser, config_from_args
 from raylm.errors import RaylmError
 from raylm.models.loading import load_model
 from raylm.models.spec import ModelSpec, check_model_path
+from raylm.storage.location import redact
 
 SOURCES = sorted(Path(raylm.__file__).parent.rglob("*.py"))
 
@@ -56,3 +57,18 @@ UNSAFE = [r"yaml\.load\(", r"yaml\.unsafe_load", r"yaml\.full_load", r"Loader=ya
 def test_source_has_no_unsafe_calls(unsafe):
     offenders = [str(p) for p in SOURCES if re.search(unsafe, p.read_text())]
     assert SOURCES and offenders == []
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("s3://AKID:secret@bucket/run", "s3://***@bucket/run"),
+    ("s3://AKID:sec/ret+x@bucket/run?region=eu-west-1", "s3://***@bucket/run?region=eu-west-1"),  # '/' unescaped
+    ("raylm eval --output=gs://user:pw@bucket/run --limit 3", "raylm eval --output=gs://***@bucket/run --limit 3"),
+    ("abfs://account:KEY@container/run", "abfs://***@container/run"),
+    ("abfs://container@account.dfs.core.windows.net/run", "abfs://container@account.dfs.core.windows.net/run"),
+    ("sftp://me@host/run", "sftp://me@host/run"),  # a user name alone is no secret
+    ("az://c/run?sas_token=sv%3D2024&sig=abc&timeout=5", "az://c/run?sas_token=***&sig=***&timeout=5"),
+    ("s3://bucket/run@v2", "s3://bucket/run@v2"),
+    ("/data/a:b@c", "/data/a:b@c"),
+])
+def test_secrets_in_uris_are_redacted_and_nothing_else(text, shown):
+    assert redact(text) == shown

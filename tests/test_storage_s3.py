@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -48,6 +53,36 @@ def test_an_s3_uri_is_a_location_on_s3_never_a_local_folder(s3, tmp_path, monkey
     assert list(tmp_path.iterdir()) == []
 
 
+KEY, SECRET = "AKIDRAYLMTEST", "raylm+Secret/Key"  # an AWS secret may hold '/' and '+', escaped in a URI
+
+
+def with_credentials(uri: str) -> str:
+    """s3://bucket/... with the key and secret in it, as pyarrow takes them."""
+    return uri.replace("s3://", f"s3://{KEY}:{quote(SECRET, safe='')}@", 1)
+
+
+def test_credentials_in_a_uri_reach_the_store_and_nothing_else(s3, monkeypatch):
+    """One parser, endpoint or not: the store gets the key, every message and the lock get `***`."""
+    bucket = s3[len("s3://"):]
+    uri = with_credentials(f"{s3}/run")
+    monkeypatch.setattr(sys, "argv", ["raylm", "eval", "--output", uri])
+    out = prepare_output(uri)
+    assert str(out) == f"s3://***@{bucket}/run" and out.path == f"{bucket}/run"
+    with output_lock(out):
+        held = (out / LOCK_FILE).read_text()
+        refused = refusal(out)
+    assert json.loads(held)["command"] == f"raylm eval --output s3://***@{bucket}/run"
+    assert f"'s3://***@{bucket}/run' is in use" in refused and KEY not in refused + held
+    with_region = prepare_output(f"{uri}?region=us-east-1")  # a query option keeps AWS_ENDPOINT_URL's endpoint
+    write_atomic(with_region / "x.json", b"{}")
+    assert str(with_region) == f"s3://***@{bucket}/run?region=us-east-1" and (out / "x.json").read_bytes() == b"{}"
+    for bad in (f"s3://{KEY}:{SECRET}@{bucket}/run", f"s3://{KEY}:{quote(SECRET, safe='')}@{bucket}/run?bogus=1"):
+        with pytest.raises(RaylmError) as raised:
+            location(bad)
+        assert str(raised.value).startswith("cannot open output 's3://***@") and KEY not in str(raised.value)
+        assert SECRET not in str(raised.value) and quote(SECRET, safe="") not in str(raised.value)
+
+
 def test_a_uri_a_path_folded_is_refused_not_made_a_local_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(RaylmError, match=r"looks like a storage URI whose '//' was folded.*'s3://evals/run'"):
@@ -72,6 +107,23 @@ def test_a_write_that_fails_leaves_the_previous_object_or_none(s3):
         p.write(pa.table({"x": [1]}))
         1 / 0
     assert (out / "results.json").read_bytes() == b"old" and [p.name for p in out.iterdir()] == ["results.json"]
+
+
+def test_an_upload_interrupted_midway_leaves_no_object(s3, monkeypatch):
+    """Ctrl-C between two chunks of an upload: pyarrow's stream still completes what it sent when it closes, so
+    the upload goes to another name, deleted here; the final name never holds a part."""
+    real_copy = shutil.copyfileobj
+
+    def interrupted(src, dst, length=0):
+        dst.write(src.read(length))
+        raise KeyboardInterrupt
+
+    out = location(f"{s3}/run")
+    monkeypatch.setattr(shutil, "copyfileobj", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(out / "samples.parquet", b"x" * (3 << 20))
+    monkeypatch.setattr(shutil, "copyfileobj", real_copy)
+    assert out.iterdir() == []
 
 
 def test_a_scheme_pyarrow_lacks_goes_through_fsspec():
@@ -105,7 +157,7 @@ def test_a_live_lease_refuses_a_second_run_and_a_released_one_is_gone(s3):
         refused = refusal(out)
     assert held["pid"] > 0 and held["expires"] > time.time() and held["owner"]
     assert refused.startswith(f"output directory '{s3}/run' is in use by another raylm run (pid {held['pid']} on ")
-    assert "lease until" in refused and "\n" not in refused
+    assert "lease until" in refused and "or for its lease to expire (in " in refused and "\n" not in refused
     assert not (out / LOCK_FILE).exists()
     assert refusal(out) is None
 
@@ -130,6 +182,46 @@ def test_an_expired_lease_is_taken_over_with_a_warning(s3, caplog):
         assert json.loads((out / LOCK_FILE).read_bytes())["pid"] != 4242
     assert "whose lease expired (pid 4242 on gone-node, `raylm eval`" in caplog.text
     assert not (out / LOCK_FILE).exists()
+
+
+def test_a_dead_holder_of_this_host_is_taken_over_at_once(s3, caplog):
+    """Its lease has a minute to run, but its process is gone: same host, same boot and pid namespace, pid dead."""
+    out = location(f"{s3}/run")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    holder = {**lock._me(), "pid": dead.pid, "owner": "x", "expires": time.time() + 60}
+    write_atomic(out / LOCK_FILE, json.dumps(holder).encode())
+    with caplog.at_level(logging.WARNING), output_lock(out):
+        assert json.loads((out / LOCK_FILE).read_bytes())["pid"] == os.getpid()
+    assert f"held by a run of this host that is no longer running (pid {dead.pid} on " in caplog.text
+
+
+def test_a_lock_record_that_is_no_lease_is_never_taken_for_an_expired_one(s3):
+    out = location(f"{s3}/run")
+    write_atomic(out / LOCK_FILE, b'{"pid": 4242, "host": "node-1", "exp')
+    with pytest.raises(RaylmError, match=rf"^'{s3}/run/{LOCK_FILE}' is not a raylm lock \(no lease in it\); if no "
+                                         rf"run uses '{s3}/run', delete it$"):
+        with output_lock(out):
+            pass
+    assert (out / LOCK_FILE).read_bytes().endswith(b'"exp')
+
+
+def test_a_run_whose_lease_was_taken_over_stops_writing(s3, monkeypatch):
+    """Another run took the lease (this one stalled past it): the holder's renewal finds it, and every later write
+    of the holder under its output fails, in one line."""
+    monkeypatch.setenv(lock.LEASE_ENV, "1")
+    out = location(f"{s3}/run")
+    other = {"pid": 4242, "host": "node-2", "command": "raylm eval", "since": "now", "owner": "x",
+             "expires": time.time() + 60}
+    with pytest.raises(RaylmError) as stopped, output_lock(out):
+        write_atomic(out / LOCK_FILE, json.dumps(other).encode())
+        for _ in range(100):  # renewals come every third of a second
+            write_atomic(out / "results.json", b"{}")
+            time.sleep(0.1)
+    assert str(stopped.value).startswith(f"output directory '{s3}/run': this run's lease was taken over by another "
+                                         "raylm run (pid 4242 on node-2, `raylm eval`")
+    assert str(stopped.value).endswith("; this run stopped writing there")
+    assert json.loads((out / LOCK_FILE).read_bytes())["owner"] == "x"  # the new holder's lease stays
 
 
 def test_ownership_and_overwrite_on_s3(s3):
@@ -168,13 +260,19 @@ def printed_values(text: str, label: str) -> dict[str, float]:
 
 
 def test_eval_writes_results_samples_and_checkpoint_to_s3(ray_session, tiny_llama, s3, tmp_path, monkeypatch,
-                                                         capsys):
+                                                         capsys, caplog):
+    """With the credentials in the URI: what the run printed, logged and stored shows them as `***`."""
     monkeypatch.chdir(tmp_path)
     out = f"{s3}/eval"
-    assert main(["eval", "--model", str(tiny_llama), "--tasks", "winogrande", "--data-dir", str(DATA), "--limit", "3",
-                 "--shard-size", "4", "--output", out, "--log-samples", "--no-progress"]) == 0
-    printed = capsys.readouterr().out
-    assert f"results written to {out}/results.json" in printed
+    with caplog.at_level(logging.INFO):
+        assert main(["eval", "--model", str(tiny_llama), "--tasks", "winogrande", "--data-dir", str(DATA), "--limit",
+                     "3", "--shard-size", "4", "--output", with_credentials(out), "--log-samples",
+                     "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert f"results written to s3://***@{out[len('s3://'):]}/results.json" in printed
+    stored = b"".join(p.read_bytes() for p in location(out).files())
+    assert all(KEY not in text for text in (printed, captured.err, caplog.text, stored.decode(errors="replace")))
     results = read_json(f"{out}/results.json")
     acc = results["results"]["winogrande"]["acc,none"]
     assert any(line.startswith("|winogrande") and f"{acc:.4f}" in line for line in printed.splitlines())

@@ -1,17 +1,25 @@
 """Atomic file writes: readers, and a rerun after a crash, see the old file or the whole new one, never a part.
 
-In each store's own terms: on a local disk (and HDFS) the file is written beside its name and renamed into place;
-on an object store (S3, GCS, Azure) it is spooled to a local temporary file and then uploaded, and an object
-becomes visible only when its upload completes, so a run killed mid-upload leaves the old object or none.
+On a local disk the file is written beside its name and renamed into place. Elsewhere it is spooled to a local
+temporary file, uploaded under a name beside its final one, and only then put in place: on an object store (S3,
+GCS, Azure) by a server-side copy, which makes the object visible whole or not at all; on HDFS and fsspec's
+filesystems (sftp, smb, ftp, ...) by the filesystem's rename. The upload goes to another name because pyarrow's
+output streams cannot be aborted: a stream interrupted midway (an error, Ctrl-C) still completes what it wrote
+when it closes. A failed write deletes its temporary file; a process killed outright may leave one, under a name
+starting with '.', which no reader takes for the file.
+
+Before a file is put in place, the checks registered for its directory run (`fence`): the lock registers one per
+leased directory, so that a run whose lease was taken over stops instead of overwriting the new holder's files.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -20,6 +28,28 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raylm.storage.location import Location, location
+
+log = logging.getLogger(__name__)
+
+# Object stores, where an object is put in place by a server-side copy (a move there is a copy and a delete anyway,
+# and Azure without a hierarchical namespace has none); the other filesystems rename.
+COPYING = ("s3", "gcs", "abfs")
+
+_fences: dict[tuple[str, str], Callable[[], None]] = {}  # (filesystem, directory) -> check
+
+
+def fence(directory: Location, check: Callable[[], None]) -> Callable[[], None]:
+    """Run `check` (which raises to refuse) before any file under `directory` is put in place, until the returned
+    function is called."""
+    key = (directory.fs.type_name, directory.path)
+    _fences[key] = check
+    return lambda: _fences.pop(key, None)
+
+
+def _check_fences(out: Location) -> None:
+    for (fs, directory), check in list(_fences.items()):
+        if fs == out.fs.type_name and out.path.startswith(directory + "/"):
+            check()
 
 
 @contextmanager
@@ -63,17 +93,32 @@ def open_atomic(where: str | os.PathLike[str] | Location, partial: str | None = 
 
 
 def _upload(f: BinaryIO, out: Location, partial: str) -> None:
-    if not out.renames:
-        # One upload: the store completes it on close, after the last byte; a process killed before then leaves
-        # an incomplete upload, which no reader sees.
-        with out.fs.open_output_stream(out.path) as stream:
-            shutil.copyfileobj(f, stream, 1 << 20)
-        return
-    out.parent.mkdir()
     tmp = out.parent / partial
-    with out.fs.open_output_stream(tmp.path) as stream:
-        shutil.copyfileobj(f, stream, 1 << 20)
-    out.fs.move(tmp.path, out.path)
+    if out.fs.type_name not in COPYING:  # a filesystem with directories (sftp) needs its parent made
+        out.parent.mkdir()
+    try:
+        with out.fs.open_output_stream(tmp.path) as stream:
+            shutil.copyfileobj(f, stream, 1 << 20)
+        _check_fences(out)
+        if out.fs.type_name in COPYING:
+            out.fs.copy_file(tmp.path, out.path)
+        else:
+            out.fs.move(tmp.path, out.path)
+    except BaseException:
+        _discard(tmp)
+        raise
+    if out.fs.type_name in COPYING:
+        tmp.unlink()
+
+
+def _discard(tmp: Location) -> None:
+    """The temporary file of a write that failed, deleted where it can be (the error that failed the write is the
+    one raised)."""
+    try:
+        if tmp.exists():
+            tmp.unlink()
+    except OSError as e:
+        log.warning("could not delete the temporary file %s of a failed write: %s", tmp, e)
 
 
 def write_atomic(where: str | os.PathLike[str] | Location, data: bytes) -> None:

@@ -5,8 +5,10 @@ can outlive the cluster that computed them.
 Every stage that writes, and every read a resume makes (checkpoint, ownership checks, sweep points), goes through a
 Location: pyarrow's filesystem for the URI's scheme, fsspec's (wrapped for pyarrow) where pyarrow has none.
 Credentials come from the standard environment of each store (AWS_PROFILE, AWS_ACCESS_KEY_ID, ...,
-GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_ACCOUNT_KEY); pyarrow's S3 does not read AWS_ENDPOINT_URL, so
-raylm does (`s3_endpoint`), for S3-compatible stores (MinIO, Ceph, R2).
+GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_ACCOUNT_KEY), or from the URI itself (`s3://KEY:SECRET@bucket/run`):
+one parser, pyarrow's `FileSystem.from_uri`, reads every URI, endpoint (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL) and
+query options (`?region=`, `?endpoint_override=`) included. A secret in a URI stays with the filesystem client: a
+Location shows its URI redacted (`redact`), and so does everything raylm prints, logs or writes.
 """
 
 from __future__ import annotations
@@ -16,19 +18,28 @@ import re
 import tempfile
 import uuid
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raylm.errors import RaylmError
 
-# Filesystems where a rename is atomic, so a file is written beside its name and renamed into place; the others
-# (object stores) make an object visible only once its upload completes, so it is written in one upload.
+# Filesystems with directories, renamed as a whole; on the others (object stores, most fsspec filesystems) a
+# directory is moved file by file.
 RENAMING = ("local", "hdfs")
+
+# A URI's password (`scheme://user:password@host`, shown as `scheme://***@host`) and query values whose names say
+# they are secrets (`?sas_token=`, `?secret_key=`). A secret holding an unescaped '/' (AWS's may) still ends at '@'.
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s@:]*:[^\s@]*@")
+_SECRET_QUERY = re.compile(r"(?P<name>[?&][^=&\s]*(?:key|secret|token|password|passwd|sig|credential)[^=&\s]*=)"
+                           r"[^&\s]*", re.IGNORECASE)
 
 
 class Location:
-    """A file or directory on a filesystem, named in messages as the user wrote it (`uri`)."""
+    """A file or directory on a filesystem, named in messages as the user wrote it (`uri`), less any secret in it:
+    the credentials a URI carried live in `fs` alone. So a Location is passed on as it is, never re-read from its
+    text."""
 
     def __init__(self, fs: pafs.FileSystem, path: str, uri: str, query: str = ""):
         self.fs, self.path, self.uri, self.query = fs, path.rstrip("/"), uri.rstrip("/"), query
@@ -117,12 +128,14 @@ class Location:
 
     def move(self, dest: Location) -> None:
         """Move this directory to dest: one rename where the filesystem has them, else file by file (an object
-        store has no directories to rename)."""
+        store has no directories to rename), the deepest first, so that a move cut short leaves each directory's
+        own files (a checkpoint's manifest.json) with whatever is still below them (its shards/), never files
+        below without the one that says what they are."""
         dest.parent.mkdir()
         if self.renames:
             self.fs.move(self.path, dest.path)
             return
-        for file in self.files():
+        for file in sorted(self.files(), key=lambda f: (-f.path.count("/"), f.path)):
             self.fs.move(file.path, dest.path + file.path[len(self.path):])
         self.fs.delete_dir(self.path)
 
@@ -134,27 +147,38 @@ def location(where: str | os.PathLike[str] | Location) -> Location:
     text = os.fspath(where)
     if "://" not in text:
         if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/(?!/)", text):
-            raise RaylmError(f"output '{text}' looks like a storage URI whose '//' was folded into '/' (a Path does "
-                             f"that): pass it as a string, e.g. '{text.replace(':/', '://', 1)}'")
+            raise RaylmError(f"output '{redact(text)}' looks like a storage URI whose '//' was folded into '/' (a "
+                             f"Path does that): pass it as a string, e.g. '{redact(text.replace(':/', '://', 1))}'")
         return Location(pafs.LocalFileSystem(), os.path.abspath(text), text)
-    base, _, query = text.partition("?")
-    scheme = base.split("://", 1)[0].lower()
+    shown = redact(text)
+    base, _, query = shown.partition("?")
     try:
-        endpoint = s3_endpoint()
-        if scheme == "s3" and endpoint and not query:
-            return Location(pafs.S3FileSystem(endpoint_override=endpoint), base.split("://", 1)[1], base)
         try:
             fs, path = pafs.FileSystem.from_uri(text)
-        except pa.ArrowInvalid:  # a scheme pyarrow has no filesystem for
+        except pa.ArrowInvalid as e:
+            if not str(e).startswith("Unrecognized filesystem type"):  # pyarrow's word for a scheme it lacks
+                raise
             fs, path = _fsspec(text)
-    except (OSError, ValueError, pa.ArrowException) as e:
-        raise RaylmError(f"cannot open output '{text}': {e}") from e
+    except (OSError, ValueError, ImportError, pa.ArrowException) as e:
+        # Not chained: the client's own error may quote the secret, and a traceback would show it.
+        raise RaylmError(f"cannot open output '{shown}': {_without_secrets(str(e), text)}") from None
     return Location(fs, path, base, query)
 
 
-def s3_endpoint() -> str | None:
-    """The S3 endpoint the AWS CLI and SDKs would use: AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL."""
-    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+def redact(text: str) -> str:
+    """Text (a URI, a command line, a message) with the password of every URI in it and every query value named
+    like a secret replaced by `***`; a user name alone, or an Azure container (`abfs://container@account`), stays."""
+    return _SECRET_QUERY.sub(r"\g<name>***", _USERINFO.sub(r"\g<scheme>***@", text))
+
+
+def _without_secrets(message: str, uri: str) -> str:
+    """A filesystem client's error about `uri`, which may quote its secrets in any form (whole, split, decoded)."""
+    secrets = {m.group(0)[len(m.group("scheme")):-1] for m in _USERINFO.finditer(uri)}
+    secrets |= {m.group(0)[len(m.group("name")):] for m in _SECRET_QUERY.finditer(uri)}
+    for secret in sorted(secrets | {unquote(s) for s in secrets}, key=len, reverse=True):
+        for part in sorted({p for p in (secret, *secret.split(":")) if len(p) > 3}, key=len, reverse=True):
+            message = message.replace(part, "***")
+    return redact(message)
 
 
 def _fsspec(uri: str) -> tuple[pafs.FileSystem, str]:

@@ -25,12 +25,17 @@ What the lock guarantees depends on the filesystem DIR is on:
 - A filesystem URI (s3://, gs://, abfs://, hdfs://; raylm.storage.location): pyarrow's filesystems offer neither
   a lock nor a conditional write, so the lock is a lease. DIR/.raylm.lock is an object naming its holder and when
   its lease expires; the holder renews it from a background thread every third of the lease (60 s, or
-  $RAYLM_LOCK_LEASE_S). A run that finds an unexpired lease stops, naming the holder. One that finds none, or an
-  expired one (its holder was killed, or its node lost), writes its own, waits SETTLE_S and reads it back: if
-  another run's record is there instead, it stops. Not guaranteed: two runs that both find the lease free, and
-  whose writes land more than SETTLE_S apart (a run stalled that long between its check and its write), both go
-  on; a holder stalled longer than its lease is taken over while it still runs (it logs an error at its next
-  renewal); and expiry is judged by each host's clock, so clocks that differ by a good part of a lease misjudge it.
+  $RAYLM_LOCK_LEASE_S). A run that finds an unexpired lease stops, naming the holder and when its lease expires,
+  unless the holder provably is gone: a process of this very host (same boot, same pid namespace) that no longer
+  runs, whose lease is taken over at once. One that finds none, or an expired one (its holder was killed, or its
+  node lost), writes its own, waits SETTLE_S and reads it back: if another run's record is there instead, it
+  stops. A record that cannot be read as a lease (another program's file) is never taken for an expired one: the
+  run stops, naming the file. A holder that finds its lease taken over, or that could not renew it before it
+  expired, stops writing: every later write under DIR fails with one line saying so (raylm.storage.atomic.fence),
+  and so does the end of its run. Not guaranteed: two runs that both find the lease free, and whose writes land
+  more than SETTLE_S apart (a run stalled that long between its check and its write), both go on; a holder
+  stalled longer than its lease is taken over while it still runs, and a write it had begun may land before it
+  notices; and expiry is judged by each host's clock, so clocks that differ by a good part of a lease misjudge it.
 
 Within one process the lock is re-entrant per thread, so that `raylm eval` can hold it around evaluate() and the
 results it writes after, while evaluate() holds it for anyone calling it directly; another thread of the same
@@ -42,6 +47,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import math
 import os
 import shlex
 import socket
@@ -55,16 +61,17 @@ from pathlib import Path
 from typing import Any
 
 from raylm.errors import RaylmError
-from raylm.storage.atomic import write_atomic
-from raylm.storage.location import Location, location
+from raylm.storage.atomic import fence, write_atomic
+from raylm.storage.location import Location, location, redact
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".raylm.lock"
 LEASE_ENV = "RAYLM_LOCK_LEASE_S"  # how long a lease on a filesystem URI lasts unless renewed (default 60 s)
+DEFAULT_LEASE_S = 60.0
 SETTLE_S = 1.0  # how long a run waits between writing its lease and reading it back
 
-_held: dict[tuple[str, int], list[Any]] = {}  # (directory, thread) -> [release, depth]
+_held: dict[tuple[str, int], list[Any]] = {}  # (directory, thread) -> [release(failed), depth]
 _guard = threading.Lock()
 
 
@@ -72,6 +79,7 @@ _guard = threading.Lock()
 def output_lock(out_dir: str | os.PathLike[str] | Location) -> Iterator[None]:
     """Hold DIR's lock for the block, or raise a one-line RaylmError naming the run that holds it."""
     out = location(out_dir)
+    lease_s = lease_seconds()
     where = os.path.realpath(out.local) if out.local is not None else f"{out.fs.type_name}:{out.path}"
     key = (where, threading.get_ident())
     with _guard:
@@ -82,11 +90,15 @@ def output_lock(out_dir: str | os.PathLike[str] | Location) -> Iterator[None]:
         if out.local is not None:
             release = _acquire(out)
         else:
-            release = _Lease(out, float(os.environ.get(LEASE_ENV, 60))).acquire()
+            release = _Lease(out, lease_s).acquire()
         with _guard:
             entry = _held[key] = [release, 1]
+    failed = False
     try:
         yield
+    except BaseException:
+        failed = True
+        raise
     finally:
         with _guard:
             entry[1] -= 1
@@ -94,7 +106,22 @@ def output_lock(out_dir: str | os.PathLike[str] | Location) -> Iterator[None]:
             if done:
                 del _held[key]
         if done:
-            entry[0]()
+            entry[0](failed)
+
+
+def lease_seconds() -> float:
+    """$RAYLM_LOCK_LEASE_S, checked: a lease must outlast the wait before its first renewal (SETTLE_S and a third
+    of the lease), with room for a slow store, so at least 3 * SETTLE_S."""
+    text = os.environ.get(LEASE_ENV)
+    if text is None:
+        return DEFAULT_LEASE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 3 * SETTLE_S):
+        raise RaylmError(f"{LEASE_ENV}={text!r} is not a lease length: give seconds, at least {3 * SETTLE_S:g}")
+    return value
 
 
 def describe(holder: dict[str, Any]) -> str:
@@ -109,7 +136,7 @@ def _clock(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(t))
 
 
-def _acquire(out: Location) -> Callable[[], None]:
+def _acquire(out: Location) -> Callable[[bool], None]:
     out_dir = out.local
     path = out_dir / LOCK_FILE
     try:
@@ -133,7 +160,7 @@ def _acquire(out: Location) -> Callable[[], None]:
                     describe(previous))
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(_me()).encode(), 0)
-    return lambda: _release(fd)
+    return lambda failed: _release(fd)
 
 
 def _release(fd: int) -> None:
@@ -153,11 +180,39 @@ def _read(fd: int) -> dict[str, Any] | None:
 
 
 def _me() -> dict[str, Any]:
+    """Who holds the lock, as the next run is shown it: its command line with the secrets of any URI redacted."""
     program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
     if program in ("raylm", "__main__.py"):
         program = "raylm"
-    command = shlex.join([program, *sys.argv[1:]]).replace("\n", " ")
-    return {"pid": os.getpid(), "host": socket.gethostname(), "command": command, "since": _clock(time.time())}
+    command = redact(shlex.join([program, *sys.argv[1:]]).replace("\n", " "))
+    return {"pid": os.getpid(), "host": socket.gethostname(), "processes": _process_space(), "command": command,
+            "since": _clock(time.time())}
+
+
+def _process_space() -> str | None:
+    """What makes a pid name one process: this kernel's boot and this pid namespace (None where unknown)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot} {os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
+def _gone(holder: dict[str, Any]) -> bool:
+    """Whether the holder is provably no longer running: a process of this host's boot and pid namespace whose pid
+    is not alive. A holder elsewhere (or on a host of the same name) is judged by its lease alone."""
+    pid, space = holder.get("pid"), _process_space()
+    if holder.get("host") != socket.gethostname() or space is None or holder.get("processes") != space:
+        return False
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
 
 
 class _Lease:
@@ -168,29 +223,47 @@ class _Lease:
         self.record = {**_me(), "owner": uuid.uuid4().hex, "lease_s": lease_s}
         self.stop = threading.Event()
         self.renewer = threading.Thread(target=self._renew, name="raylm-lease", daemon=True)
+        self.lost: str | None = None  # why this run may no longer write to DIR
 
-    def acquire(self) -> Callable[[], None]:
+    def acquire(self) -> Callable[[bool], None]:
         previous = self._read()
-        if previous is not None and not _expired(previous):
+        gone = previous is not None and not _expired(previous) and _gone(previous)
+        if previous is not None and not _expired(previous) and not gone:
             raise self._in_use(previous)
         self._write()
         time.sleep(SETTLE_S)
         now = self._read()
         if now is None or now.get("owner") != self.record["owner"]:
             raise self._in_use(now or {})
-        if previous is not None:
+        if gone:
+            log.warning("output directory %s was held by a run of this host that is no longer running (%s); taking "
+                        "it over", self.out, describe(previous))
+        elif previous is not None:
             log.warning("output directory %s was last held by a run whose lease expired (%s); taking it over",
                         self.out, describe(previous))
+        self.unfence = fence(self.out, self.check)
         self.renewer.start()
         return self.release
 
-    def release(self) -> None:
+    def check(self) -> None:
+        """Raise if this run lost its lease: it must not write to DIR any more."""
+        if self.lost is not None:
+            raise RaylmError(f"output directory '{self.out}': {self.lost}; this run stopped writing there")
+
+    def release(self, failed: bool) -> None:
+        """The lease given up; a run that lost it and had not failed otherwise fails here, so that it exits
+        non-zero (the error that failed it otherwise is the one shown, this one having been logged)."""
         self.stop.set()
         self.renewer.join()
+        self.unfence()
+        if self.lost is not None:
+            if not failed:
+                self.check()
+            return
         try:
             if (self._read() or {}).get("owner") == self.record["owner"]:
                 self.path.unlink()
-        except OSError as e:
+        except (OSError, RaylmError) as e:
             log.warning("could not remove the lock %s (%s); its lease expires by itself", self.path, e)
 
     def _renew(self) -> None:
@@ -198,19 +271,26 @@ class _Lease:
             try:
                 holder = self._read()
                 if holder is not None and holder.get("owner") != self.record["owner"]:
-                    log.error("output directory %s: this run's lease was taken over by %s; two runs may now "
-                              "write there", self.out, describe(holder))
+                    self._lose(f"this run's lease was taken over by another raylm run ({describe(holder)})")
                     return
                 self._write()
             except (OSError, RaylmError) as e:  # a store unreachable for a moment: the next renewal may reach it
+                if time.time() >= self.record["expires"]:
+                    self._lose(f"this run's lease expired before it could renew it ({e})")
+                    return
                 log.warning("could not renew the lease on %s: %s", self.path, e)
 
+    def _lose(self, why: str) -> None:
+        self.lost = why
+        log.error("output directory %s: %s; this run stops writing there", self.out, why)
+
     def _write(self) -> None:
-        self.record["expires"] = time.time() + self.lease_s
+        expires = time.time() + self.lease_s
         try:
-            write_atomic(self.path, json.dumps(self.record).encode())
+            write_atomic(self.path, json.dumps({**self.record, "expires": expires}).encode())
         except OSError as e:
             raise RaylmError(f"cannot lock output directory '{self.out}': {e}") from e
+        self.record["expires"] = expires
 
     def _read(self) -> dict[str, Any] | None:
         try:
@@ -218,16 +298,21 @@ class _Lease:
         except FileNotFoundError:
             return None
         except ValueError:
-            return {}  # a record cut short or not raylm's: treated as a holder whose lease is over
+            data = None
         except OSError as e:
             raise RaylmError(f"cannot lock output directory '{self.out}': {e}") from e
-        return data if isinstance(data, dict) else {}
+        if not isinstance(data, dict) or not isinstance(data.get("expires"), (int, float)):
+            raise RaylmError(f"'{self.path}' is not a raylm lock (no lease in it); if no run uses "
+                             f"'{self.out}', delete it")
+        return data
 
     def _in_use(self, holder: dict[str, Any]) -> RaylmError:
+        expires = holder.get("expires")
+        left = f" (in {max(0, math.ceil(expires - time.time()))} s)" if isinstance(expires, (int, float)) else ""
         return RaylmError(f"output directory '{self.out}' is in use by another raylm run ({describe(holder)}); "
-                          "wait for it to finish, or use another --output")
+                          f"wait for it to finish, or for its lease to expire{left} if it no longer runs, or use "
+                          "another --output")
 
 
 def _expired(holder: dict[str, Any]) -> bool:
-    expires = holder.get("expires")
-    return not isinstance(expires, (int, float)) or expires <= time.time()
+    return holder["expires"] <= time.time()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from typing import Any
 
 import pyarrow as pa
@@ -26,6 +27,8 @@ CHECKPOINT_DIR = "checkpoint"
 MANIFEST = "manifest.json"
 SAMPLES_DIR = "samples"
 RESULTS = "results.json"
+# lm-eval's sample log names (raylm.results.sample_logs): samples_<task>_<local ISO time, ':' as '-'>.jsonl
+_SAMPLE_LOG = re.compile(r"samples_(?P<task>.+)_\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(\.\d+)?\.jsonl")
 
 
 def tagged(table: pa.Table) -> pa.Table:
@@ -108,15 +111,23 @@ def remove_raylm_files(out_dir: Location) -> None:
         _remove_parquet(checkpoint / "shards")
         (checkpoint / MANIFEST).unlink()
         _remove_if_empty(checkpoint)
-    _remove_parquet(out_dir / SAMPLES_DIR)
+    _remove_parquet(out_dir / SAMPLES_DIR, sample_logs=True)
 
 
-def _remove_parquet(directory: Location) -> None:
+def _remove_parquet(directory: Location, sample_logs: bool = False) -> None:
+    """raylm's Parquet files in directory; with sample_logs, also lm-eval's `samples_<task>_<date>.jsonl` of every
+    task whose `<task>.parquet` is raylm's (raylm writes both for a task it logged samples of)."""
     if not directory.is_dir():
         return
-    for path in directory.iterdir():
-        if path.suffix == ".parquet" and path.is_file() and is_raylm_parquet(path):
-            path.unlink()
+    ours = {path.name: path for path in directory.iterdir()
+            if path.suffix == ".parquet" and path.is_file() and is_raylm_parquet(path)}
+    if sample_logs:
+        for path in directory.iterdir():
+            log_of = _SAMPLE_LOG.fullmatch(path.name)
+            if log_of and f"{log_of['task']}.parquet" in ours and path.is_file():
+                path.unlink()
+    for path in ours.values():
+        path.unlink()
     _remove_if_empty(directory)
 
 

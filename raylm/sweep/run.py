@@ -155,7 +155,7 @@ def _scan_of(results: Location) -> str | None:
 def point_config(sweep: Sweep, model: SweepModel, point: SweepPoint, out: Location, num_cpus: float | None
                  ) -> EvalConfig:
     """The point as `raylm eval` runs it, checkpointing into its own folder."""
-    return replace(sweep.config(model, point), num_cpus=num_cpus, output=str(point_dir(out, model, point)))
+    return replace(sweep.config(model, point), num_cpus=num_cpus, output=point_dir(out, model, point))
 
 
 def _run_models(sweep: Sweep, todo: dict[str, list[SweepPoint]], out: Location, runs: dict[str, ModelRun]
