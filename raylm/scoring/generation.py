@@ -195,8 +195,8 @@ class _Run:
     """One generate() call: requests admitted in sorted order into free slots, decoded one token per step.
 
     shared > 0: the call's requests all begin with `shared` tokens, kept once on the path for the whole call; the
-    slots hold only the tokens after them, and decoding steps attend to the path first (the model switched to
-    shared_prefix_attention for each step), at the rows' true positions."""
+    slots and prefills hold only the tokens after them, and every forward pass attends to the path first (the model
+    switched to shared_prefix_attention for it), at the rows' true positions."""
 
     def __init__(self, gen: Generator, requests: Sequence[GenerationRequest], todo: list[int],
                  results: list[Generated | None], shared: int = 0):
