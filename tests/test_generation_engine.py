@@ -403,11 +403,13 @@ def test_the_keys_and_values_live_after_every_forward_stay_within_the_kv_budget(
     """With a long prefix every request shares, what is live after each forward pass (the prefix once, the slots'
     buffers, a prefill's rows) stays within the budget the slots were sized for, while four slots decode; and the
     text is the same as one slot's. So too where the model's attention cannot hold the prefix once: then the prefill
-    rows and the slots hold copies of it, and the budget buys fewer slots."""
+    rows and the slots hold copies of it, and the budget buys fewer slots. A prefill pass holds as many rows as the
+    token budget holds whole contexts: each row's suffix attends to all of its context."""
     model, tokenizer = stories
     requests, expected = long_prefix
     budget = kv_budget_for(model, requests, 4, held_once)
-    gen = Generator(model, tokenizer, kv_budget=budget)
+    gen = Generator(model, tokenizer, budget=TokenBudget(2 * max(len(r.context) for r in requests)),
+                    kv_budget=budget)
     gen.shares_prefix = held_once
     live = LiveKeysAndValues(model.config)
     got: list = []
@@ -415,10 +417,11 @@ def test_the_keys_and_values_live_after_every_forward_stay_within_the_kv_budget(
     hook = model.register_forward_hook(lambda *_: after.append(live.live_bytes()))
     try:
         with live:
-            steps = decode_shapes(model, lambda: got.extend(gen.generate(requests)))
+            shapes = forward_shapes(model, lambda: got.extend(gen.generate(requests)))
     finally:
         hook.remove()
-    assert max(rows for rows, _ in steps) == 4
+    assert max(rows for rows, _, _, decode in shapes if decode) == 4
+    assert max(rows for rows, _, _, decode in shapes if not decode) == 2
     assert max(after) <= budget, max(after) / budget
     assert got == expected
 

@@ -250,8 +250,9 @@ class _Run:
         chunk: list[int] = []
         widest = 0
         for i in members:
-            # a row's keys: its suffix, and the path copied into it unless the path is the prefix held once
-            width = len(self.requests[i].context) - (target if self.shared else 0)
+            # A row costs its whole context: its suffix attends to all of it, the path copied into the row or, held
+            # once, through attention scores over it that are as many.
+            width = len(self.requests[i].context)
             if chunk and (len(chunk) + 1) * max(widest, width) > gen.token_budget:
                 self.prefill(chunk, target)
                 chunk, widest = [], 0
