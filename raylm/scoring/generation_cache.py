@@ -97,10 +97,10 @@ class Slots:
     def add(self, prefilled: DynamicCache, rows: Sequence[int], lengths: Sequence[int], free: Sequence[int] = ()
             ) -> list[int]:
         """Move rows `rows` of a prefill cache (right-padded: row j's keys are its first lengths[j] columns) into the
-        slots; returns the slot row each landed in. A row goes
-        into a free slot row (one whose sequence stopped) in place, its keys written right-aligned over the stopped
-        sequence's, which copies nothing else unless it is longer than the cache is wide (then every row is padded on
-        the left first); rows beyond the free ones are appended, which copies the cache."""
+        slots; returns the slot row each landed in. A row goes into a free slot row (one whose sequence stopped) in
+        place, its keys written right-aligned over the stopped sequence's, which copies nothing else unless it is
+        longer than the cache is wide (then every row is padded on the left first); rows beyond the free ones are
+        appended, which copies the cache."""
         placed: list[int | None] = []
         free = list(free)
         appended: list[tuple[int, int]] = []

@@ -35,6 +35,7 @@ def kv_bytes(device: torch.device) -> int:
 
 
 def kv_share(free: int) -> int:
+    """The KV budget out of `free` bytes: what the device measures, or docs/numerics.md's table assumes."""
     return int(free * KV_SHARE)
 
 
