@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import random
+import weakref
 
 import pytest
 import torch
@@ -14,10 +15,16 @@ from conftest import STORIES
 from lm_eval.models.utils import configure_pad_token, postprocess_generated_text
 from lm_eval.models.utils_hf import stop_sequences_criteria
 from reference_generation import reference_generate
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import tiny_families as fam
+from raylm.cluster.actors import ScoringActor
+from raylm.errors import RaylmError
+from raylm.models.spec import ModelSpec
 from raylm.requests.order import common_prefix_length
-from raylm.scoring import generation, generation_cache
+from raylm.scoring import generation_cache, memory
+from raylm.scoring.batching import TokenBudget
 from raylm.scoring.generation import GenerationRequest, Generator, eos_token_ids
 from raylm.scoring.scorer import RequestDoesNotFit
 
@@ -130,8 +137,7 @@ def test_float64_real_prompts_sharing_a_head_equal_the_reference(stories, storie
         got = generate_in_order(stories64, tokenizer, requests, batch_size, ORDERS[order](len(requests)))
         assert got == expected, (batch_size, order)
     # a token budget below the shared head: the head runs in pieces, prompts are prefilled a few rows at a time
-    gen = Generator(stories64, tokenizer, 4)
-    gen.token_budget = 12
+    gen = Generator(stories64, tokenizer, 4, budget=TokenBudget(12))
     got = []
     shapes = forward_shapes(stories64, lambda: got.extend(gen.generate(requests)))
     assert [(g.text, g.tokens) for g in got] == expected
@@ -320,15 +326,15 @@ def test_a_stopped_sequence_frees_its_slot(stories):
     assert len(steps) == 20 and {rows for rows, _ in steps} == {2, 1}
 
 
-def test_slots_are_sized_from_the_kv_budget_and_the_cache_stays_as_wide_as_its_longest_sequence(stories,
-                                                                                                 monkeypatch):
+def test_slots_are_sized_from_the_kv_budget_and_the_cache_stays_as_wide_as_its_longest_sequence(stories):
     """The slots hold what follows the head every request shares (kept once): the budget is spent on that."""
     model, tokenizer = stories
     requests = real_requests(tokenizer, max_gen_toks=12, until=(",", EOS_TEXT))
     shared = min(common_prefix_length(requests[0].context, r.context) for r in requests)
     longest = max(len(r.context) - shared + r.max_gen_toks for r in requests)
-    monkeypatch.setitem(generation.KV_BUDGET_BYTES, "cpu", 3 * longest * generation.kv_bytes_per_token(model))
-    gen = Generator(model, tokenizer)
+    widest = max(len(r.context) for r in requests) - shared
+    per_token = memory.kv_bytes_per_token(model.config, model.dtype)
+    gen = Generator(model, tokenizer, kv_budget=memory.generation_tokens(3, shared, longest, widest) * per_token)
     assert gen.slots_for(requests, shared) == 3 and gen.slots_for(requests) == 1
     got = []
     steps = decode_shapes(model, lambda: got.extend(gen.generate(requests)))
@@ -346,3 +352,125 @@ def test_a_request_past_the_models_positions_is_refused(stories):
         Generator(model, tokenizer).generate([GenerationRequest((1,) * 500, (), 20)])
     with pytest.raises(RequestDoesNotFit, match="no context tokens"):
         Generator(model, tokenizer).generate([GenerationRequest((), (), 20)])
+
+
+class LiveKeysAndValues(TorchDispatchMode):
+    """Every tensor shaped as keys or values (rows, kv heads, columns, head dim) that any op makes while it is on;
+    live_bytes() sums the storages of those still alive, each once: caches, the buffers behind their views, a
+    prefill's copies of a prefix."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.shape = (config.num_key_value_heads, config.head_dim)
+        self.made: list[weakref.ref] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.made += [weakref.ref(t) for t in tree_leaves(out)
+                      if isinstance(t, torch.Tensor) and t.dim() == 4 and (t.shape[1], t.shape[3]) == self.shape]
+        return out
+
+    def live_bytes(self) -> int:
+        self.made = [ref for ref in self.made if ref() is not None]
+        storages = {}
+        for ref in self.made:
+            tensor = ref()
+            if tensor is not None:
+                storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return sum(storages.values())
+
+
+@pytest.fixture(scope="module")
+def long_prefix(stories) -> tuple[list[GenerationRequest], list]:
+    """Eight questions after a ~330-token head they all share (the head is most of every prompt), and their answers
+    from one slot."""
+    model, tokenizer = stories
+    requests = [GenerationRequest(tuple(tokenizer.encode(HEAD * 5 + q)), (), 8) for q in QUESTIONS]
+    return requests, Generator(model, tokenizer, 1).generate(requests)
+
+
+def kv_budget_for(model, requests: list[GenerationRequest], slots: int, held_once: bool = True) -> int:
+    """The KV bytes a call of `requests` holds at most with `slots` slots, the prefix they share held once, or not."""
+    shared = min(common_prefix_length(requests[0].context, r.context) for r in requests) if held_once else 0
+    longest = max(len(r.context) - shared + r.max_gen_toks for r in requests)
+    widest = max(len(r.context) for r in requests) - shared
+    return memory.generation_tokens(slots, shared or widest, longest, widest) * memory.kv_bytes_per_token(model.config,
+                                                                                                 model.dtype)
+
+
+@pytest.mark.parametrize("held_once", [True, False])
+def test_the_keys_and_values_live_after_every_forward_stay_within_the_kv_budget(stories, long_prefix, held_once):
+    """With a long prefix every request shares, what is live after each forward pass (the prefix once, the slots'
+    buffers, a prefill's rows) stays within the budget the slots were sized for, while four slots decode; and the
+    text is the same as one slot's. So too where the model's attention cannot hold the prefix once: then the prefill
+    rows and the slots hold copies of it, and the budget buys fewer slots. A prefill pass holds as many rows as the
+    token budget holds whole contexts: each row's suffix attends to all of its context."""
+    model, tokenizer = stories
+    requests, expected = long_prefix
+    budget = kv_budget_for(model, requests, 4, held_once)
+    gen = Generator(model, tokenizer, budget=TokenBudget(2 * max(len(r.context) for r in requests)),
+                    kv_budget=budget)
+    gen.shares_prefix = held_once
+    live = LiveKeysAndValues(model.config)
+    got: list = []
+    after: list[int] = []
+    hook = model.register_forward_hook(lambda *_: after.append(live.live_bytes()))
+    try:
+        with live:
+            shapes = forward_shapes(model, lambda: got.extend(gen.generate(requests)))
+    finally:
+        hook.remove()
+    assert max(rows for rows, _, _, decode in shapes if decode) == 4
+    assert max(rows for rows, _, _, decode in shapes if not decode) == 2
+    assert max(after) <= budget, max(after) / budget
+    assert got == expected
+
+
+@pytest.mark.parametrize("fits_after", [True, False])
+def test_out_of_memory_halves_the_budget_and_the_answers_stay(stories, long_prefix, fits_after):
+    """Eight slots' prefill runs out of GPU memory (once, or always): the scorer's halving loop halves the token
+    budget, and with it the KV budget, so the call starts again in two slots with what is not answered yet, and
+    every answer is what one slot gives; where even one slot does not fit, the error is raised and the model's
+    attention is its own again."""
+    model, tokenizer = stories
+    requests, expected = long_prefix
+    budget = TokenBudget(1024)
+    gen = Generator(model, tokenizer, budget=budget, kv_budget=kv_budget_for(model, requests, 8))
+    raised: list[int] = []
+    rows_run: list[int] = []
+
+    def out_of_memory(_module, _args, kwargs):
+        rows = kwargs["input_ids"].shape[0]
+        if rows > 2 or not fits_after:
+            raised.append(rows)
+            raise torch.cuda.OutOfMemoryError("fake: out of memory")
+        rows_run.append(rows)
+
+    own = model.config._attn_implementation
+    hook = model.register_forward_pre_hook(out_of_memory, with_kwargs=True)
+    try:
+        if fits_after:
+            assert gen.generate(requests) == expected
+            assert raised == [8] and budget.tokens == 512 and max(rows_run) == 2
+        else:
+            with pytest.raises(torch.cuda.OutOfMemoryError):
+                gen.generate(requests)
+    finally:
+        hook.remove()
+    assert model.config._attn_implementation == own
+
+
+def test_a_model_that_counts_positions_from_the_cache_width_is_refused(stories):
+    """BartForCausalLM (and its Marian, Pegasus, Blenderbot kin) takes no position ids and is not ALiBi: batched rows
+    of other lengths would decode at the slots' width, so the engine refuses it, naming the class."""
+    config = tf.BartConfig(vocab_size=fam.VOCAB, d_model=16, decoder_layers=1, decoder_attention_heads=2,
+                           decoder_ffn_dim=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32)
+    with pytest.raises(RaylmError, match="^BartForCausalLM takes no position_ids and is not an ALiBi model"):
+        Generator(tf.BartForCausalLM(config), stories[1])
+
+
+def test_an_actors_scoring_and_generation_share_one_token_budget(tiny_llama):
+    """Out of memory in either halves the budget both run under."""
+    actor = ScoringActor(ModelSpec(str(tiny_llama), "float32", "cpu"), 1, None)
+    actor.ready()
+    assert actor._generator().budget is actor.scorer.budget

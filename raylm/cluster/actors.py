@@ -151,7 +151,9 @@ class ScoringActor(DeferredStartup):
             # Imported here, not with the module: only an actor handed a generation shard needs the engine.
             from raylm.scoring.generation import Generator
 
-            self.generator = Generator(self.scorer.model, load_tokenizer(self.spec), self.batch_size)
+            # One token budget for the model's scoring and generation: out of memory in either halves it for both.
+            self.generator = Generator(self.scorer.model, load_tokenizer(self.spec), self.batch_size,
+                                       budget=self.scorer.budget)
         return self.generator
 
 

@@ -9,9 +9,12 @@ with less work, and is built so that none of its shortcuts can change a generati
   path, raylm.scoring.generation_cache) and each request prefills only what follows it, over that cache.
 * Where every request of the call shares a prefix (SHARED_PREFIX_MIN_TOKENS or more) and the model's attention
   allows it (raylm.scoring.shared_prefix_attention), that prefix stays batch 1 for the whole call: the slots hold
-  only what follows it, and every decoding step attends to it once for all rows instead of to a copy in each row.
-  Prefills keep the model's own attention over the prefix broadcast to their rows, and hand the slots only the
-  columns after it.
+  only what follows it, and every forward pass, prefill and decoding step, attends to it once for all rows instead
+  of to a copy in each row.
+* What the keys and values of a call hold at once (the prefix, the slots, a prefill's rows) stays within a budget
+  measured from the device (raylm.scoring.memory), which sizes the slots; the width of a forward pass stays within
+  the token budget the scorer also uses. On out of GPU memory both halve, by the scorer's own halving loop, and the
+  requests not yet answered start again: a request's text depends on nothing the halving changes.
 * Decoding is continuously batched: a fixed number of slots, each holding one sequence; a sequence that stops (an
   eos id, a stop string, max_gen_toks) gives its slot to the next request at once. Sequences of different lengths
   share one cache right-aligned, as HF generate's left padding, with a 2D mask and true positions, so each sees
@@ -41,23 +44,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+from transformers import DynamicCache
 from transformers.generation.logits_process import (LogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
 from raylm.errors import RaylmError
 from raylm.models.context import config_max_length
 from raylm.models.devices import input_device
-from raylm.models.loading import text_config
 from raylm.requests.order import common_prefix_length
+from raylm.scoring.batching import TokenBudget, halving_on_oom
 from raylm.scoring.generation_cache import PrefixPath, Slots
 from raylm.scoring.generation_text import StopWatch, final_text
+from raylm.scoring.memory import kv_bytes, kv_bytes_per_token, slots_fitting
 from raylm.scoring.scorer import (GPU_START_TOKEN_BUDGET, LOGITS_BUDGET_BYTES, RequestDoesNotFit, cpu_token_budget,
                                   forward, gather_head_inputs, max_predicted_positions)
 from raylm.scoring.shared_prefix_attention import attending_to, prefix_attention, takes_shared_prefix
 
-# The slots' keys and values stay within this many bytes, sized for the longest request of a call (context plus
-# max_gen_toks): what grows with the slot count is the KV cache, as the logits are with positions in the scorer.
-KV_BUDGET_BYTES = {"cpu": 2 * 2**30, "cuda": 16 * 2**30}
 # A prefix every request of a call shares is kept once (batch 1) for the whole call from this many tokens: below it
 # the rows' copies cost little, and admissions that share more than the call does still share it on the path.
 SHARED_PREFIX_MIN_TOKENS = 32
@@ -92,8 +94,20 @@ class _Sequence:
 
 
 class Generator:
-    def __init__(self, model: torch.nn.Module, tokenizer, batch_size: int | None = None) -> None:
-        """batch_size: the number of slots (sequences decoded together); None sizes them from KV_BUDGET_BYTES."""
+    def __init__(self, model: torch.nn.Module, tokenizer, batch_size: int | None = None,
+                 budget: TokenBudget | None = None, kv_budget: int | None = None) -> None:
+        """batch_size: at most this many slots (sequences decoded together); None: as many as the KV budget holds.
+        `budget`: the token budget of one forward pass, shared with the scorer of the same model where given (an
+        out-of-memory error in either halves it for both); `kv_budget`: bytes of keys and values at the full token
+        budget, measured from the device where not given (raylm.scoring.memory)."""
+        # HF generate passes position ids to the models that take them; the others (ALiBi) read positions from the
+        # 2D mask. A model that does neither counts positions from the cache's width, which is the slots' width, not
+        # each row's length.
+        self.takes_positions = "position_ids" in inspect.signature(model.forward).parameters
+        if not (self.takes_positions or _alibi(model)):
+            raise RaylmError(f"{type(model).__name__} takes no position_ids and is not an ALiBi model: it would "
+                             "decode batched rows at the cache's width instead of their own positions, so raylm "
+                             "does not generate with it")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -107,24 +121,32 @@ class Generator:
         if head is None:
             raise ValueError(f"{type(model).__name__} has no output embeddings (LM head) to generate with")
         self.head = head
-        # HF generate passes position ids to the models that take them; the others (ALiBi) read positions from the
-        # 2D mask.
-        self.takes_positions = "position_ids" in inspect.signature(model.forward).parameters
         self.shares_prefix = self.takes_positions and takes_shared_prefix(model)
-        self.token_budget = GPU_START_TOKEN_BUDGET if self.device.type == "cuda" else cpu_token_budget(model.config)
+        self.budget = budget or TokenBudget(GPU_START_TOKEN_BUDGET if self.device.type == "cuda"
+                                            else cpu_token_budget(model.config))
+        self.kv_budget = kv_bytes(self.device) if kv_budget is None else kv_budget
+        self.kv_per_token = kv_bytes_per_token(model.config, getattr(model, "dtype", torch.float32))
         self._max_rows = max_predicted_positions(model, head, LOGITS_BUDGET_BYTES.get(
             self.device.type, LOGITS_BUDGET_BYTES["cuda"]))
 
+    @property
+    def token_budget(self) -> int:
+        """Tokens one forward pass may run."""
+        return self.budget.tokens
+
+    @property
+    def kv_tokens(self) -> int:
+        """Cached tokens (rows times columns) a call may hold: the KV budget, cut as the token budget has been."""
+        return self.kv_budget * self.budget.tokens // self.budget.ceiling // self.kv_per_token
+
     def slots_for(self, requests: Sequence[GenerationRequest], shared: int = 0) -> int:
-        """batch_size, else as many slots as the longest request's KV cache (less a `shared` prefix kept once) fits
-        KV_BUDGET_BYTES, within the token budget of one forward pass and the logits budget (one row of logits per
-        slot)."""
-        if self.batch_size:
-            return max(1, min(self.batch_size, len(requests)))
+        """As many slots as fit kv_tokens (raylm.scoring.memory.generation_tokens: a `shared` prefix held once, each
+        slot's longest sequence, and a prefill of as many rows), at most batch_size, within the token budget of one
+        forward pass and the logits budget (one row of logits per slot); at least one."""
         longest = max(len(r.context) - shared + r.max_gen_toks for r in requests)
-        budget = KV_BUDGET_BYTES.get(self.device.type, KV_BUDGET_BYTES["cuda"])
-        fits = budget // max(1, kv_bytes_per_token(self.model) * longest)
-        return max(1, min(len(requests), fits, self.token_budget, self._max_rows))
+        widest = max(len(r.context) for r in requests) - shared  # a prefill row: the whole context where unshared
+        fits = slots_fitting(self.kv_tokens, shared or widest, longest, widest)
+        return max(1, min(len(requests), self.batch_size or fits, fits, self.token_budget, self._max_rows))
 
     @torch.inference_mode()
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generated]:
@@ -142,7 +164,15 @@ class Generator:
             shared = min(common_prefix_length(contexts[0], contexts[-1]), len(min(contexts, key=len)) - 1)
             if not (self.shares_prefix and shared >= SHARED_PREFIX_MIN_TOKENS):
                 shared = 0
-            _Run(self, requests, todo, results, shared).run(self.slots_for([requests[i] for i in todo], shared))
+
+            def runs(pending: list[int], _tokens: int):
+                # After an out-of-memory error: the requests not answered yet, in slots sized for the cut budget.
+                left = [i for i in pending if results[i] is None]
+                slots = self.slots_for([requests[i] for i in left], shared) if left else 1
+                yield (left, slots), pending, slots == 1
+
+            halving_on_oom(todo, runs, lambda run: _Run(self, requests, run[0], results, shared).run(run[1]),
+                           self.budget)
         return results  # type: ignore[return-value]
 
     def _check(self, i: int, request: GenerationRequest) -> None:
@@ -165,8 +195,8 @@ class _Run:
     """One generate() call: requests admitted in sorted order into free slots, decoded one token per step.
 
     shared > 0: the call's requests all begin with `shared` tokens, kept once on the path for the whole call; the
-    slots hold only the tokens after them, and decoding steps attend to the path first (the model switched to
-    shared_prefix_attention for each step), at the rows' true positions."""
+    slots and prefills hold only the tokens after them, and every forward pass attends to the path first (the model
+    switched to shared_prefix_attention for it), at the rows' true positions."""
 
     def __init__(self, gen: Generator, requests: Sequence[GenerationRequest], todo: list[int],
                  results: list[Generated | None], shared: int = 0):
@@ -220,7 +250,9 @@ class _Run:
         chunk: list[int] = []
         widest = 0
         for i in members:
-            width = len(self.requests[i].context) - target
+            # A row costs its whole context: its suffix attends to all of it, the path copied into the row or, held
+            # once, through attention scores over it that are as many.
+            width = len(self.requests[i].context)
             if chunk and (len(chunk) + 1) * max(widest, width) > gen.token_budget:
                 self.prefill(chunk, target)
                 chunk, widest = [], 0
@@ -230,17 +262,25 @@ class _Run:
 
     def prefill(self, members: list[int], target: int) -> None:
         """Run the members' contexts past the path's `target` tokens, right-padded in one batch (padding follows
-        every real token, so no mask is needed), and move the sequences that go on into the slots."""
+        every real token, so no mask is needed), and move the sequences that go on into the slots. Over the prefix
+        the call holds once, the rows attend to it there, at their true positions after it; over any other path,
+        to a copy of it in each row."""
         gen = self.gen
         suffixes = [self.requests[i].context[target:] for i in members]
         width = max(len(s) for s in suffixes)
         ids = torch.zeros(len(members), width, dtype=torch.long)
         for r, suffix in enumerate(suffixes):
             ids[r, :len(suffix)] = torch.tensor(suffix)
-        cache = self.path.for_rows(len(members))
         last = torch.tensor([r * width + len(s) - 1 for r, s in enumerate(suffixes)], device=gen.device)
         with gather_head_inputs(gen.head, last, len(members), width):
-            logits = forward(gen.model, ids.to(gen.device), cache).logits[0]
+            if self.shared:
+                cache = DynamicCache()
+                positions = torch.arange(target, target + width, device=gen.device).expand(len(members), -1)
+                with prefix_attention(gen.model), attending_to(self.path.cache):
+                    logits = forward(gen.model, ids.to(gen.device), cache, position_ids=positions).logits[0]
+            else:
+                cache = self.path.for_rows(len(members))
+                logits = forward(gen.model, ids.to(gen.device), cache).logits[0]
         gen.prefilled_tokens += sum(len(s) for s in suffixes)
         batch = [self.start(i) for i in members]
         going = [r for r, (seq, token) in enumerate(zip(batch, self.choose(logits, batch)))
@@ -249,8 +289,7 @@ class _Run:
             self.slots.reserve(cache, self.capacity, self.widest)
             self.batch = [None] * self.capacity
         free = [r for r, seq in enumerate(self.batch) if seq is None]
-        rows = self.slots.add(cache, going, [target - self.shared + len(suffixes[r]) for r in going], free,
-                              skip=self.shared)
+        rows = self.slots.add(cache, going, [target - self.shared + len(suffixes[r]) for r in going], free)
         for r, row in zip(going, rows):
             if row < len(self.batch):
                 self.batch[row] = batch[r]
@@ -332,11 +371,6 @@ def eos_token_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:
     return frozenset([int(eos)] if isinstance(eos, int) else (int(e) for e in eos))
 
 
-def kv_bytes_per_token(model: torch.nn.Module) -> int:
-    """Keys and values one token keeps in the cache, over all layers."""
-    config = text_config(model.config)
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    dtype = getattr(model, "dtype", torch.float32)
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * (torch.finfo(dtype).bits // 8)
+def _alibi(model: torch.nn.Module) -> bool:
+    """Whether the model's modeling module builds ALiBi biases (BLOOM, MPT): those read positions from the mask."""
+    return any("alibi" in name.lower() for name in vars(inspect.getmodule(type(model))))

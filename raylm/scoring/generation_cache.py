@@ -94,13 +94,13 @@ class Slots:
             self.cache.layers.append(_GrowingLayer.reserved(layer.keys, layer.values, rows, width))
         self.starts = [width] * rows
 
-    def add(self, prefilled: DynamicCache, rows: Sequence[int], lengths: Sequence[int], free: Sequence[int] = (),
-            skip: int = 0) -> list[int]:
-        """Move rows `rows` of a prefill cache (right-padded: row j's keys are the lengths[j] columns after its
-        first `skip`, a prefix the slots do not hold) into the slots; returns the slot row each landed in. A row goes
-        into a free slot row (one whose sequence stopped) in place, its keys written right-aligned over the stopped
-        sequence's, which copies nothing else unless it is longer than the cache is wide (then every row is padded on
-        the left first); rows beyond the free ones are appended, which copies the cache."""
+    def add(self, prefilled: DynamicCache, rows: Sequence[int], lengths: Sequence[int], free: Sequence[int] = ()
+            ) -> list[int]:
+        """Move rows `rows` of a prefill cache (right-padded: row j's keys are its first lengths[j] columns) into the
+        slots; returns the slot row each landed in. A row goes into a free slot row (one whose sequence stopped) in
+        place, its keys written right-aligned over the stopped sequence's, which copies nothing else unless it is
+        longer than the cache is wide (then every row is padded on the left first); rows beyond the free ones are
+        appended, which copies the cache."""
         placed: list[int | None] = []
         free = list(free)
         appended: list[tuple[int, int]] = []
@@ -110,8 +110,8 @@ class Slots:
                     self._widen(n)
                 row, width = free.pop(0), self.width
                 for new, layer in zip(prefilled.layers, self.cache.layers):
-                    layer.keys[row, :, width - n:] = new.keys[r, :, skip:skip + n]
-                    layer.values[row, :, width - n:] = new.values[r, :, skip:skip + n]
+                    layer.keys[row, :, width - n:] = new.keys[r, :, :n]
+                    layer.values[row, :, width - n:] = new.values[r, :, :n]
                 self.starts[row] = width - n
                 placed.append(row)
             else:
@@ -119,7 +119,7 @@ class Slots:
                 appended.append((r, n))
         if appended:
             first = len(self.starts)
-            self._append(prefilled, [r for r, _ in appended], [n for _, n in appended], skip)
+            self._append(prefilled, [r for r, _ in appended], [n for _, n in appended])
             rows_after = iter(range(first, len(self.starts)))
             placed = [row if row is not None else next(rows_after) for row in placed]
         return placed  # type: ignore[return-value]
@@ -131,16 +131,16 @@ class Slots:
             layer.keys, layer.values = _pad_left(layer.keys, width), _pad_left(layer.values, width)
         self.starts = [start + grow for start in self.starts]
 
-    def _append(self, prefilled: DynamicCache, rows: Sequence[int], lengths: Sequence[int], skip: int) -> None:
+    def _append(self, prefilled: DynamicCache, rows: Sequence[int], lengths: Sequence[int]) -> None:
         width = max(self.width, *lengths)
         grow = width - self.width
         index = torch.tensor(list(rows), device=prefilled.layers[0].keys.device)
         joined = []
         for l, new in enumerate(prefilled.layers):
             old = self.cache.layers[l] if self.cache is not None else None
-            joined.append((_join(None if old is None else old.keys, new.keys[:, :, skip:].index_select(0, index),
+            joined.append((_join(None if old is None else old.keys, new.keys.index_select(0, index),
                                  lengths, width),
-                           _join(None if old is None else old.values, new.values[:, :, skip:].index_select(0, index),
+                           _join(None if old is None else old.values, new.values.index_select(0, index),
                                  lengths, width)))
         if self.cache is None:
             self.cache = DynamicCache()
@@ -253,7 +253,18 @@ class _GrowingLayer(DynamicLayer):
 def _room(like: torch.Tensor, rows: int, width: int) -> torch.Tensor:
     """An uninitialised buffer for `rows` rows of `width` columns and room to grow: a copy per quarter of growth,
     amortised, for a quarter more memory."""
-    return like.new_empty(rows, like.shape[1], width + max(64, width // 4), like.shape[3])
+    return like.new_empty(rows, like.shape[1], _with_room(width), like.shape[3])
+
+
+def _with_room(width: int) -> int:
+    return width + max(64, width // 4)
+
+
+def slot_columns(longest: int) -> int:
+    """The most columns a slot row's buffers hold while its sequences are at most `longest` tokens: the width is
+    the longest live sequence plus the stale columns Slots.trim lets pile up (under 1/TRIM_FRACTION of the width,
+    and a column or two a step before it cuts), and a buffer keeps room to grow past that (_room)."""
+    return _with_room(longest + longest // (TRIM_FRACTION - 1) + 2)
 
 
 def _view_of(states: torch.Tensor, buffer: torch.Tensor) -> bool:
