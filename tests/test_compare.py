@@ -15,17 +15,25 @@ import scipy.stats
 from conftest import STORIES
 
 from raylm.cli import main
+from raylm.compare.comparison import compare_runs
+from raylm.compare.find import find_runs
+from raylm.compare.output import COMPARISON_CSV, COMPARISON_JSON
+from raylm.compare.statistics import Z95, clustered_stderr, paired_difference
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
 from raylm.requests.shards import LMEVAL_KIND
-from raylm.results.compare import COMPARISON_CSV, COMPARISON_JSON, compare_runs
 from raylm.results.lmeval import results
-from raylm.results.paired import Z95, clustered_stderr, paired_difference
 from raylm.results.report import EvalResult, TaskResult, write_results, write_samples
 from raylm.results.sample_logs import sample_log, sample_log_name
+from raylm.scoring.predictions import choice_predictions
 
 LMEVAL_TASKS = ("mmlu_local", "arc_easy_local")
+
+
+def compared(*places) -> dict:
+    """compare's result for the runs at these places, as the command reads them."""
+    return compare_runs([run for where in places for run in find_runs(where)])
 SEEDS = (0, 1234, 1234, 1234)
 LIMIT = 6
 
@@ -109,9 +117,11 @@ def _native(seed: int) -> tuple[TaskResult, TaskResult]:
     rolling = pa.table({"doc_id": np.repeat(np.arange(3), 2), "req_idx": np.tile([0, 1], 3), "gold": [-1] * 6,
                         "norm_len": [0] * 6, "words": [40, 0, 25, 0, 0, 0], "bytes": [200, 0, 130, 0, 310, 0],
                         "loglikelihood": -rng.gamma(50.0, 10.0, 6), "is_greedy": np.zeros(6, bool)})
-    sums = {"docs": 4, "correct": 1, "correct_norm": 1}
-    hellaswag = TaskResult("hellaswag", "multiple_choice", {"acc,none": 0.25, "acc_stderr,none": 0.25,
-                                                            "acc_norm,none": 0.25, "acc_norm_stderr,none": 0.25},
+    p = choice_predictions(choice)
+    acc, acc_norm = float(np.mean(p.pred == p.gold)), float(np.mean(p.pred_norm == p.gold))
+    sums = {"docs": 4, "correct": 4 * acc, "correct_norm": 4 * acc_norm}
+    hellaswag = TaskResult("hellaswag", "multiple_choice", {"acc,none": acc, "acc_stderr,none": 0.25,
+                                                            "acc_norm,none": acc_norm, "acc_norm_stderr,none": 0.25},
                            sums, 4, choice)
     wikitext = TaskResult("wikitext", "rolling", {f"{m},none": 1.0 for m in ("word_perplexity", "byte_perplexity",
                                                                              "bits_per_byte")},
@@ -154,7 +164,7 @@ def _accs(samples: list[dict]) -> np.ndarray:
 
 def test_compare_equals_a_direct_computation_on_the_runs_per_document_scores(runs):
     a, b, theirs_a, theirs_b = runs
-    pair = compare_runs([a, b])["comparisons"][0]
+    pair = compared(a, b)["comparisons"][0]
     arc = pair["tasks"]["arc_easy_local"]
     xa, xb = _accs(theirs_a["samples"]["arc_easy_local"]), _accs(theirs_b["samples"]["arc_easy_local"])
     assert (arc["metric"], arc["n"], arc["a"], arc["b"]) == ("acc", LIMIT, xa.mean(), xb.mean())
@@ -181,7 +191,7 @@ def test_compare_equals_a_direct_computation_on_the_runs_per_document_scores(run
 
 def test_native_tasks_pair_accuracy_and_loglikelihood_per_word_and_byte(runs):
     a, b, _, _ = runs
-    pair = compare_runs([a, b])["comparisons"][0]
+    pair = compared(a, b)["comparisons"][0]
     (ha, wa), (hb, wb) = _native(1), _native(2)
 
     def acc(task):
@@ -212,8 +222,8 @@ def test_lm_evals_own_output_directory_compares_like_a_raylm_run(runs, tmp_path)
         (model_dir / f"results_{date}.json").write_text(content or lmeval_results)
         for task, samples in theirs_b["samples"].items():
             (model_dir / sample_log_name(task, date)).write_bytes(b"" if content else sample_log(task, samples))
-    ours = compare_runs([a, b])["comparisons"][0]["tasks"]
-    theirs = compare_runs([a, tmp_path / "lmeval-out"])["comparisons"][0]["tasks"]
+    ours = compared(a, b)["comparisons"][0]["tasks"]
+    theirs = compared(a, tmp_path / "lmeval-out")["comparisons"][0]["tasks"]
     lmeval_names = [t for t in ours if t not in ("hellaswag", "wikitext")]
     assert lmeval_names and {t: ours[t] for t in lmeval_names} == {t: theirs[t] for t in lmeval_names}
 
@@ -227,7 +237,7 @@ def test_runs_on_other_documents_or_few_shot_seeds_are_refused_in_one_line(runs,
 
     pq.write_table(pq.read_table(docs).slice(0, 3), docs)
     with pytest.raises(RaylmError, match=r"^hellaswag: .* are not on the same documents \(4 and 3, 3 in common"):
-        compare_runs([a, fewer])
+        compared(a, fewer)
     seeded = tmp_path / "seeded"
     shutil.copytree(b, seeded)
     results_path = seeded / "results.json"
@@ -241,9 +251,9 @@ def test_runs_on_other_documents_or_few_shot_seeds_are_refused_in_one_line(runs,
     shutil.copytree(a, shifted)
     (shifted / "results.json").write_text(json.dumps(first))
     with pytest.raises(RaylmError, match=r"^arc_easy_local: .* few-shot examples with other seeds \(1234 and 7\)"):
-        compare_runs([shifted, seeded])
+        compared(shifted, seeded)
     with pytest.raises(RaylmError, match="compare needs two runs or more"):
-        compare_runs([a])
+        compared(a)
 
 
 def test_the_command_prints_the_table_and_writes_comparison_json_and_csv(runs, tmp_path, capsys):
@@ -268,9 +278,9 @@ def test_a_sweep_compares_every_point_with_its_first_in_summary_order(runs, tmp_
     for point, run in (("bf16", b), ("fp32", a), ("again", a)):
         shutil.copytree(run, sweep / "stories" / point)
     (sweep / "summary.csv").write_text("model,point\nstories,fp32\nstories,bf16\nstories,again\n")
-    out = compare_runs([sweep])
+    out = compared(sweep)
     assert out["baseline"] == f"{sweep}/stories/fp32"
     assert [pair["b"] for pair in out["comparisons"]] == [f"{sweep}/stories/bf16", f"{sweep}/stories/again"]
-    assert out["comparisons"][0]["tasks"] == compare_runs([a, b])["comparisons"][0]["tasks"]
+    assert out["comparisons"][0]["tasks"] == compared(a, b)["comparisons"][0]["tasks"]
     same = out["comparisons"][1]["tasks"]["mmlu_local"]
     assert (same["diff"], same["diff_stderr_clustered"], same["p_value"]) == (0.0, 0.0, 1.0)

@@ -15,12 +15,12 @@ from html.parser import HTMLParser
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from test_compare import _write_run, built, runs  # noqa: F401  (fixtures: the two runs compare's tests use)
+from test_compare import _write_run, built, compared, runs  # noqa: F401  (fixtures: the two runs compare's tests use)
 
 from raylm.cli import main
-from raylm.results.compare import compare_runs
+from raylm.compare.find import find_runs
+from raylm.compare.page import report_page
 from raylm.results.distributions import PER_CHARACTER, SUMMED, choice_scores
-from raylm.results.page import report_page
 
 CHROMIUM = "/usr/bin/chromium"
 MULTIPLE_CHOICE = 8  # per run: arc_easy_local, hellaswag and mmlu_local's six subjects
@@ -111,7 +111,7 @@ def _expected(results: dict, column: str) -> dict[tuple[str, str, str], tuple[fl
 @pytest.fixture(scope="module")
 def page(runs):
     a, b, _, _ = runs
-    text, refused = report_page([a, b])
+    text, refused = report_page(find_runs(a) + find_runs(b))
     assert refused is None
     return text
 
@@ -141,7 +141,7 @@ def test_the_comparison_table_is_raylm_compares_and_is_charted(runs, page):
     parsed = Page(page)
     header, *rows = parsed.tables["comparison-0"]
     assert header[:6] == ["task", "metric", "n", "a", "b", "b − a"]
-    pair = compare_runs([a, b])["comparisons"][0]
+    pair = compared(a, b)["comparisons"][0]
     expected = {(task, metric): d for task, entry in pair["tasks"].items() for metric, d in entry["metrics"].items()}
     shown = {(r[0], r[1]): r[2:] for r in rows}
     assert set(shown) == set(expected) and {"mmlu_local", "hellaswag", "wikitext"} <= {t for t, _ in shown}
@@ -207,7 +207,7 @@ def test_the_page_loads_nothing_and_escapes_what_results_say(runs, tmp_path):
     data["config"]["model"] = "<script>alert(1)</script>"
     data["results"]["<img src=http://example.com/x.png>"] = data["results"].pop("hellaswag")
     (hostile / "results.json").write_text(json.dumps(data))
-    text, refused = report_page([hostile])
+    text, refused = report_page(find_runs(hostile))
     parsed = Page(text)
     assert refused is None and parsed.title == f"raylm report: {hostile}"
     assert dict(parsed.tables["config-0"])["model"] == "<script>alert(1)</script>"  # shown as text

@@ -13,7 +13,6 @@ import logging
 import os
 import platform
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
@@ -25,6 +24,7 @@ from raylm.errors import RaylmError
 from raylm.models.chat import template_sha
 from raylm.models.spec import ModelSpec
 from raylm.requests.shards import LMEVAL_KIND
+from raylm.results.eval_result import EvalResult, TaskResult
 from raylm.results.metrics import token_perplexity
 from raylm.results.native import lmeval_shape
 from raylm.scoring.predictions import choice_predictions
@@ -35,31 +35,6 @@ from raylm.storage.ownership import tagged
 log = logging.getLogger(__name__)
 
 VERSIONED = ("ray", "torch", "transformers")  # installed distributions whose versions decide a run's numbers
-
-
-@dataclass
-class TaskResult:
-    name: str
-    kind: str
-    metrics: dict[str, float]
-    sums: dict[str, float]
-    n_docs_original: int
-    scored: pa.Table
-    decontaminated: dict[str, float] | None = None  # a native task's `_decontaminate` metrics (lm-eval's: in metrics)
-    n_clean: int | None = None  # documents the `_decontaminate` metrics are computed on
-    samples: list[dict[str, Any]] | None = None  # a native task's samples as lm-eval logs them (--log-samples)
-
-
-@dataclass
-class EvalResult:
-    """A finished `raylm eval` run, as the driver hands it to the report."""
-
-    config: EvalConfig
-    tasks: dict[str, TaskResult]
-    wall_s: float
-    extra: dict[str, object] = field(default_factory=dict)
-    lmeval: dict[str, Any] | None = None  # lm-eval's results dict for its tasks (samples when log_samples)
-    decontamination: dict[str, Any] | None = None  # --decontaminate: the scan used, documents dirty and clean
 
 
 def run_config(model: ModelSpec, wall_s: float, **fields: object) -> dict[str, Any]:
