@@ -28,7 +28,8 @@ from raylm.results.report import EvalResult, TaskResult, write_results, write_sa
 from raylm.results.sample_logs import sample_log, sample_log_name
 from raylm.scoring.predictions import choice_predictions
 
-LMEVAL_TASKS = ("mmlu_local", "arc_easy_local")
+MACRO = "macro_local"  # an lm-eval group over boolq_local (3 documents) and piqa_local (6), weighed equally
+LMEVAL_TASKS = ("mmlu_local", "arc_easy_local", MACRO)
 
 
 def compared(*places) -> dict:
@@ -97,9 +98,10 @@ def random_scores(built, seed: int) -> dict:
             for task in built.tasks["tasks"] for r in built.requests(task)}
 
 
-def lmeval_task_result(built, name: str, scores: dict, docs: int = LIMIT) -> TaskResult:
+def lmeval_task_result(built, name: str, scores: dict) -> TaskResult:
     """An lm-eval task's TaskResult as evaluate() hands it to the writers: one scored row per request."""
     requests = built.requests(name)
+    docs = len({r.doc_id for r in requests})
     scored = pa.table({"doc_id": [r.doc_id for r in requests], "req_idx": [r.idx for r in requests],
                        "window": [0] * len(requests), "context_tokens": [1] * len(requests),
                        "continuation_tokens": [1] * len(requests),
@@ -130,11 +132,20 @@ def _native(seed: int) -> tuple[TaskResult, TaskResult]:
 
 
 @pytest.fixture(scope="module")
-def built(local_tasks):
+def built(local_tasks, tmp_path_factory):
+    """The lm-eval tasks on LIMIT documents each (--samples), boolq_local on 3: MACRO's subtasks differ in size,
+    so its reported macro mean is not the mean over its documents."""
     from raylm.tasks.lmeval.build import load_and_build
     from raylm.tasks.lmeval.names import select
 
-    return load_and_build(select(list(LMEVAL_TASKS), local_tasks), SEEDS, None, LIMIT)
+    tasks = tmp_path_factory.mktemp("compare-tasks") / "tasks"
+    shutil.copytree(local_tasks, tasks)
+    (tasks / f"{MACRO}.yaml").write_text(
+        f"group: {MACRO}\ntask: [boolq_local, piqa_local]\n"
+        "aggregate_metric_list:\n  - {metric: acc, weight_by_size: false}\nmetadata: {version: 1.0}\n")
+    selection = select(list(LMEVAL_TASKS), tasks)
+    samples = {leaf: list(range(3 if leaf == "boolq_local" else LIMIT)) for leaf in selection.leaves}
+    return load_and_build(selection, SEEDS, None, None, samples)
 
 
 def _write_run(out, built, seed: int) -> dict:
@@ -144,7 +155,8 @@ def _write_run(out, built, seed: int) -> dict:
     theirs = results(built, scores, bootstrap_iters=0)
     tasks = {t.name: t for t in _native(seed)}
     tasks.update({name: lmeval_task_result(built, name, scores) for name in built.tasks["tasks"]})
-    cfg = EvalConfig(ModelSpec(str(STORIES)), ("hellaswag", "wikitext", *LMEVAL_TASKS), bootstrap_iters=0)
+    cfg = EvalConfig(ModelSpec(str(STORIES)), ("hellaswag", "wikitext", *LMEVAL_TASKS), bootstrap_iters=0,
+                     samples=built.samples)
     result = EvalResult(cfg, tasks, 1.0, {}, lmeval=theirs)
     write_samples(out, result)
     write_results(out, result)
@@ -187,6 +199,44 @@ def test_compare_equals_a_direct_computation_on_the_runs_per_document_scores(run
     assert mmlu["diff_stderr_clustered"] == pytest.approx(expected, rel=1e-12)
     assert mmlu["p_value"] == pytest.approx(math.erfc(abs(d.mean() / expected) / math.sqrt(2)), rel=1e-9)
     assert "mmlu_local_stem" in pair["tasks"]
+
+
+def test_a_group_weighing_its_subtasks_equally_pairs_the_macro_mean_each_run_reports(runs):
+    """MACRO (weight_by_size: false over 3 and 6 documents): compare's a and b are the runs' own results.json
+    values, its difference the mean of the two subtasks' differences, its clustered standard error the
+    cluster-robust one of that weighted mean (each document weighs 1 / (2 n_subtask))."""
+    a, b, theirs_a, theirs_b = runs
+    macro = compared(a, b)["comparisons"][0]["tasks"][MACRO]
+    reported = [json.loads((run / "results.json").read_text())["groups"][MACRO]["acc,none"] for run in (a, b)]
+    assert (macro["a"], macro["b"]) == (pytest.approx(reported[0], rel=1e-12), pytest.approx(reported[1], rel=1e-12))
+    parts = [(_accs(theirs_a["samples"][t]), _accs(theirs_b["samples"][t])) for t in ("boolq_local", "piqa_local")]
+    assert [len(x) for x, _ in parts] == [3, LIMIT]
+    pooled = np.concatenate([x for x, _ in parts]).mean()
+    assert not math.isclose(pooled, reported[0])  # the mean over its documents is another number
+    d = np.concatenate([y - x for x, y in parts])
+    weight = np.concatenate([np.full(len(x), 1 / (2 * len(x))) for x, _ in parts])
+    diff = float(np.mean([(y - x).mean() for x, y in parts]))
+    cluster_sums = [np.sum(w * (dk - diff)) for w, dk in zip(np.split(weight, [3]), np.split(d, [3]))]
+    assert (macro["n"], macro["clusters"]) == (3 + LIMIT, 2)
+    assert macro["diff"] == pytest.approx(diff, rel=1e-12, abs=1e-15)
+    assert macro["diff_stderr_clustered"] == pytest.approx(math.sqrt(sum(c ** 2 for c in cluster_sums)), rel=1e-12)
+
+
+def test_a_metric_whose_reported_number_is_not_its_documents_mean_is_refused_in_one_line(runs, tmp_path, capsys):
+    """A number aggregated otherwise than by a mean (tinyBenchmarks' IRT estimates, a median): no paired
+    difference describes it, and compare says so instead of pairing the documents' mean."""
+    a, b, _, _ = runs
+    irt = tmp_path / "irt"
+    shutil.copytree(b, irt)
+    data = json.loads((irt / "results.json").read_text())
+    data["results"]["arc_easy_local"]["acc,none"] = 0.123
+    (irt / "results.json").write_text(json.dumps(data))
+    pair = compared(a, irt)["comparisons"][0]
+    assert "acc" not in pair["tasks"]["arc_easy_local"]["metrics"] and "acc_norm" in pair["tasks"]["arc_easy_local"]["metrics"]
+    assert pair["refused"]["arc_easy_local"]["acc"].startswith(f"{irt} reports 0.123, its documents' mean is ")
+    assert main(["compare", str(a), str(irt)]) == 0
+    refused = [line for line in capsys.readouterr().out.splitlines() if line.startswith("refused:")]
+    assert refused == [f"refused: arc_easy_local: acc: {pair['refused']['arc_easy_local']['acc']}"]
 
 
 def test_native_tasks_pair_accuracy_and_loglikelihood_per_word_and_byte(runs):

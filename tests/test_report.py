@@ -23,7 +23,7 @@ from raylm.compare.page import report_page
 from raylm.results.distributions import PER_CHARACTER, SUMMED, choice_scores
 
 CHROMIUM = "/usr/bin/chromium"
-MULTIPLE_CHOICE = 8  # per run: arc_easy_local, hellaswag and mmlu_local's six subjects
+MULTIPLE_CHOICE = 10  # per run: arc_easy_local, boolq_local, piqa_local, hellaswag and mmlu_local's six subjects
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync")
 
@@ -186,7 +186,8 @@ def test_a_score_distribution_per_multiple_choice_task_per_run_drawn_from_its_sa
         assert set(charts) == expected and len(parsed.distributions[i]) == MULTIPLE_CHOICE
         for task in expected:
             correct, other = _direct_scores(run, task, theirs["samples"].get(task, []))
-            assert len(correct) == (6 if task != "hellaswag" else 4) and len(other) == 3 * len(correct)
+            docs, choices = {"hellaswag": (4, 4), "boolq_local": (3, 2), "piqa_local": (6, 2)}.get(task, (6, 4))
+            assert len(correct) == docs and len(other) == (choices - 1) * len(correct)
             assert f"{len(correct)} correct, {len(other)} other" in charts[task]
             files = ([run / "samples" / f"{task}.parquet"] if task == "hellaswag" else
                      [run / "samples" / f"{task}_docs.parquet", *(run / "samples").glob(f"samples_{task}_*.jsonl")])

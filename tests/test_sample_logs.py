@@ -53,7 +53,7 @@ def logs(local_tasks, tmp_path_factory):
     scores = random_scores(built, 4)
     ours = tmp_path_factory.mktemp("ours")
     cfg = EvalConfig(ModelSpec(str(STORIES)), TASKS, bootstrap_iters=0, log_samples=True)
-    write_samples(ours, EvalResult(cfg, {name: lmeval_task_result(built, name, scores, LIMIT) for name in TASKS},
+    write_samples(ours, EvalResult(cfg, {name: lmeval_task_result(built, name, scores) for name in TASKS},
                                    1.0, {}, lmeval=results(built, scores, bootstrap_iters=0)))
     arguments = {(t, r.doc_id, r.idx): r.arguments for t in built.tasks["tasks"] for r in built.requests(t)}
     theirs = lm_eval.simple_evaluate(model=ReplayLM(scores, arguments), tasks=list(TASKS), limit=LIMIT,
