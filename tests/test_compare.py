@@ -10,6 +10,7 @@ import shutil
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import scipy.stats
 from conftest import STORIES
@@ -128,6 +129,8 @@ def _native(seed: int) -> tuple[TaskResult, TaskResult]:
     wikitext = TaskResult("wikitext", "rolling", {f"{m},none": 1.0 for m in ("word_perplexity", "byte_perplexity",
                                                                              "bits_per_byte")},
                           {"docs": 3, "nll": 1.0, "tokens": 9, "words": 65, "bytes": 640}, 3, rolling)
+    hellaswag.doc_hashes = {d: f"hellaswag document {d}" for d in range(4)}
+    wikitext.doc_hashes = {d: f"wikitext page {d}" for d in range(3)}
     return hellaswag, wikitext
 
 
@@ -283,11 +286,18 @@ def test_runs_on_other_documents_or_few_shot_seeds_are_refused_in_one_line(runs,
     fewer = tmp_path / "fewer"
     shutil.copytree(b, fewer)
     docs = fewer / "samples" / "hellaswag_docs.parquet"
-    import pyarrow.parquet as pq
-
     pq.write_table(pq.read_table(docs).slice(0, 3), docs)
     with pytest.raises(RaylmError, match=r"^hellaswag: .* are not on the same documents \(4 and 3, 3 in common"):
         compared(a, fewer)
+    other_data = tmp_path / "other-data"  # the same doc_ids, another document under one (another --data-dir)
+    shutil.copytree(b, other_data)
+    pages = other_data / "samples" / "wikitext.parquet"
+    table = pq.read_table(pages)
+    hashes = table["doc_hash"].to_pylist()
+    pq.write_table(table.set_column(table.column_names.index("doc_hash"), "doc_hash",
+                                    pa.array([h.replace("page 2", "page X") for h in hashes])), pages)
+    with pytest.raises(RaylmError, match=r"^wikitext: .* hold other documents under doc_id 2 \(doc_hash differs"):
+        compared(a, other_data)
     seeded = tmp_path / "seeded"
     shutil.copytree(b, seeded)
     results_path = seeded / "results.json"

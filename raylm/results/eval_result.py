@@ -22,6 +22,7 @@ class TaskResult:
     decontaminated: dict[str, float] | None = None  # a native task's `_decontaminate` metrics (lm-eval's: in metrics)
     n_clean: int | None = None  # documents the `_decontaminate` metrics are computed on
     samples: list[dict[str, Any]] | None = None  # a native task's samples as lm-eval logs them (--log-samples)
+    doc_hashes: dict[int, str] | None = None  # a native task's raylm.tasks.base.doc_hash per doc_id
 
 
 @dataclass

@@ -157,19 +157,27 @@ def write_samples(out_dir: str | os.PathLike[str] | Location, result: EvalResult
         if task.kind == LMEVAL_KIND:
             _write_lmeval_samples(path, result, name)
             continue
-        write_parquet_atomic(path, tagged(task.scored))
+        write_parquet_atomic(path, tagged(_with_doc_hashes(task.scored, task.doc_hashes)))
         if task.kind == "multiple_choice":
             p = choice_predictions(task.scored)
             docs = pa.table({"doc_id": p.doc_id, "gold": p.gold, "pred": p.pred, "pred_norm": p.pred_norm,
                              "acc": (p.pred == p.gold).astype("int8"),
                              "acc_norm": (p.pred_norm == p.gold).astype("int8")})
-            write_parquet_atomic(out_dir / "samples" / f"{name}_docs.parquet", tagged(docs))
+            write_parquet_atomic(out_dir / "samples" / f"{name}_docs.parquet",
+                                 tagged(_with_doc_hashes(docs, task.doc_hashes)))
     logged = {name: result.lmeval["samples"][name] if task.kind == LMEVAL_KIND else task.samples
               for name, task in result.tasks.items() if task.kind == LMEVAL_KIND or task.samples is not None}
     if logged:
         from raylm.results.sample_logs import date_id, write_sample_logs
 
         write_sample_logs(out_dir, logged, date_id())
+
+
+def _with_doc_hashes(table: pa.Table, hashes: dict[int, str] | None) -> pa.Table:
+    """A native task's rows with their document's doc_hash, which raylm compare pairs documents by."""
+    if hashes is None:
+        return table
+    return table.append_column("doc_hash", pa.array([hashes[d] for d in table["doc_id"].to_pylist()], pa.string()))
 
 
 def _write_lmeval_samples(path: Location, result: EvalResult, name: str) -> None:
