@@ -10,6 +10,7 @@ import shutil
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import scipy.stats
@@ -28,7 +29,9 @@ from raylm.results.lmeval import results
 from raylm.results.report import EvalResult, TaskResult, write_results, write_samples
 from raylm.results.sample_logs import sample_log, sample_log_name
 from raylm.scoring.predictions import choice_predictions
+from raylm.storage.location import location
 
+pytest_plugins = ["s3_server"]  # its fixtures: s3_server, s3
 MACRO = "macro_local"  # an lm-eval group over boolq_local (3 documents) and piqa_local (6), weighed equally
 LMEVAL_TASKS = ("mmlu_local", "arc_easy_local", MACRO)
 
@@ -344,3 +347,21 @@ def test_a_sweep_compares_every_point_with_its_first_in_summary_order(runs, tmp_
     assert out["comparisons"][0]["tasks"] == compared(a, b)["comparisons"][0]["tasks"]
     same = out["comparisons"][1]["tasks"]["mmlu_local"]
     assert (same["diff"], same["diff_stderr_clustered"], same["p_value"]) == (0.0, 0.0, 1.0)
+
+
+def test_runs_and_outputs_on_object_storage_are_read_and_written_by_uri(runs, s3, capsys):
+    """Runs and outputs named by URI (S3 on moto's server here): compare reads a run and a run's results.json
+    from there as from a directory, and writes comparison.json and the report page there."""
+    a, b, _, _ = runs
+    remote = location(f"{s3}/runs/b")
+    pafs.copy_files(str(b), remote.path, destination_filesystem=remote.fs)
+    assert main(["compare", str(a), str(remote), "--output", f"{s3}/cmp"]) == 0
+    written = json.loads((location(f"{s3}/cmp") / COMPARISON_JSON).read_text())
+    assert written["comparisons"][0]["b"] == f"{s3}/runs/b"
+    assert written["comparisons"][0]["tasks"] == compared(a, b)["comparisons"][0]["tasks"]
+    only_results = location(f"{s3}/runs/results-only")
+    pafs.copy_files(str(b / "results.json"), (only_results / "results.json").path,
+                    destination_filesystem=only_results.fs)
+    assert main(["report", str(only_results), "--output", f"{s3}/report.html"]) == 0
+    assert f"raylm report: {s3}/runs/results-only" in location(f"{s3}/report.html").read_text()
+    assert capsys.readouterr().out.endswith(f"report written to {s3}/report.html\n")
