@@ -45,8 +45,9 @@ from raylm.requests.shards import LMEVAL_KIND, Shard, make_shards
 from raylm.requests.table import forward_tokens
 from raylm.results.contamination import CleanSets, read_scan
 from raylm.results.decontamination import clean_documents, native_decontaminated
+from raylm.results.eval_result import EvalResult, TaskResult
 from raylm.results.metrics import choice_metrics, rolling_metrics
-from raylm.results.report import EvalResult, TaskResult, prefix_sharing, run_summary, token_counts
+from raylm.results.report import prefix_sharing, run_summary, token_counts
 from raylm.results.sums import merge
 from raylm.storage.location import location
 from raylm.storage.lock import output_lock

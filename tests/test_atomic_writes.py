@@ -11,7 +11,8 @@ import pytest
 
 from raylm.config import EvalConfig
 from raylm.models.spec import ModelSpec
-from raylm.results.report import EvalResult, TaskResult, write_samples
+from raylm.results.eval_result import EvalResult, TaskResult
+from raylm.results.report import write_samples
 
 SCORED = pa.table({"doc_id": [0, 0, 1], "req_idx": [0, 1, 0], "loglikelihood": [-1.0, -2.0, -3.0]})
 

@@ -25,8 +25,9 @@ from raylm.config import EvalConfig
 from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
 from raylm.requests.shards import LMEVAL_KIND
+from raylm.results.eval_result import EvalResult, TaskResult
 from raylm.results.lmeval import results
-from raylm.results.report import EvalResult, TaskResult, write_results, write_samples
+from raylm.results.report import write_results, write_samples
 from raylm.results.sample_logs import sample_log, sample_log_name
 from raylm.scoring.predictions import choice_predictions
 from raylm.storage.location import location

@@ -20,9 +20,10 @@ from lm_eval.utils import handle_non_serializable, make_table
 
 from raylm.config import EvalConfig
 from raylm.models.spec import ModelSpec
+from raylm.results.eval_result import EvalResult, TaskResult
 from raylm.results.lmeval import results
 from raylm.results.native import task_entry
-from raylm.results.report import EvalResult, TaskResult, format_table, results_dict
+from raylm.results.report import format_table, results_dict
 from raylm.tasks.lmeval.build import load_and_build
 from raylm.tasks.lmeval.names import select
 

@@ -28,14 +28,15 @@ from raylm.models.loading import load_model, load_tokenizer
 from raylm.models.spec import ModelSpec
 from raylm.requests.encoding import Encoder
 from raylm.requests.native import encode_task_requests
+from raylm.results.eval_result import EvalResult, TaskResult
 from raylm.results.lmeval import results
 from raylm.results.native_logs import native_samples
-from raylm.results.report import EvalResult, TaskResult, write_samples
+from raylm.results.report import write_samples
 from raylm.scoring.scorer import Scorer
-from raylm.tasks.lmeval.counterparts import build_counterparts
-from raylm.tasks.prompt import PromptFormat
 from raylm.tasks.lmeval.build import load_and_build
+from raylm.tasks.lmeval.counterparts import build_counterparts
 from raylm.tasks.lmeval.names import select
+from raylm.tasks.prompt import PromptFormat
 
 TASKS = ("arc_easy_local",)
 LIMIT = 5

@@ -24,7 +24,7 @@ from raylm.errors import RaylmError
 from raylm.models.chat import template_sha
 from raylm.models.spec import ModelSpec
 from raylm.requests.shards import LMEVAL_KIND
-from raylm.results.eval_result import EvalResult, TaskResult
+from raylm.results.eval_result import EvalResult
 from raylm.results.metrics import token_perplexity
 from raylm.results.native import lmeval_shape
 from raylm.scoring.predictions import choice_predictions
