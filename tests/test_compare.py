@@ -237,13 +237,16 @@ def test_a_metric_whose_reported_number_is_not_its_documents_mean_is_refused_in_
     shutil.copytree(b, irt)
     data = json.loads((irt / "results.json").read_text())
     data["results"]["arc_easy_local"]["acc,none"] = 0.123
+    data["results"]["piqa_local"]["acc,none"] = 0.123  # MACRO's subtask: the group's acc is refused with it
     (irt / "results.json").write_text(json.dumps(data))
     pair = compared(a, irt)["comparisons"][0]
+    assert MACRO not in pair["tasks"] and pair["refused"][MACRO] == {"acc": "its subtask piqa_local's is refused"}
     assert "acc" not in pair["tasks"]["arc_easy_local"]["metrics"] and "acc_norm" in pair["tasks"]["arc_easy_local"]["metrics"]
     assert pair["refused"]["arc_easy_local"]["acc"].startswith(f"{irt} reports 0.123, its documents' mean is ")
     assert main(["compare", str(a), str(irt)]) == 0
     refused = [line for line in capsys.readouterr().out.splitlines() if line.startswith("refused:")]
-    assert refused == [f"refused: arc_easy_local: acc: {pair['refused']['arc_easy_local']['acc']}"]
+    assert refused[0] == f"refused: arc_easy_local: acc: {pair['refused']['arc_easy_local']['acc']}"
+    assert len(refused) == 3 and refused[2] == f"refused: {MACRO}: acc: its subtask piqa_local's is refused"
 
 
 def test_native_tasks_pair_accuracy_and_loglikelihood_per_word_and_byte(runs):

@@ -120,12 +120,14 @@ def _group_weights(group: str, metric: str, a: Run, b: Run, parts: list[Differen
 
 
 def pair_group(group: str, a: Run, b: Run, subtasks: dict[str, list[str]],
-               tasks: dict[str, dict[str, Difference]], scores: dict[str, tuple[DocScores, DocScores]]
-               ) -> tuple[dict[str, Difference], dict[str, str]]:
+               tasks: dict[str, dict[str, Difference]], scores: dict[str, tuple[DocScores, DocScores]],
+               refused_in: dict[str, dict[str, str]]) -> tuple[dict[str, Difference], dict[str, str]]:
     """A group's paired metrics over its subtasks' documents, clustered by subtask and weighted as the group
-    weighs its subtasks; and the metrics refused with the reason."""
+    weighs its subtasks; and the metrics refused with the reason (a subtask's refusal refuses the group's)."""
     names = leaves(group, subtasks)
-    differences, refused = {}, {}
+    differences: dict[str, Difference] = {}
+    refused = {metric: f"its subtask {leaf}'s is refused" for leaf in names for metric in refused_in[leaf]
+               if _reported(a, group, metric) is not None}
     for metric in (m for m in tasks[names[0]] if all(m in tasks[leaf] for leaf in names)):
         if metric not in DERIVED and _reported(a, group, metric) is None:
             continue
@@ -180,7 +182,7 @@ def compare_pair(a: Run, b: Run, scores_of: Scores) -> dict[str, Any]:
         if (subtasks[group] != (b.results.get("group_subtasks") or {}).get(group) or not names
                 or any(leaf not in paired for leaf in names)):
             continue
-        paired[group], refused[group] = pair_group(group, a, b, subtasks, paired, scores)
+        paired[group], refused[group] = pair_group(group, a, b, subtasks, paired, scores, refused)
         not_paired[group] = [m for leaf in names for m in not_paired[leaf]]
     tasks = {name: _entry(d, not_paired[name]) for name, d in paired.items() if d}
     order = [name for name in a.results.get("results", {}) if name in tasks]
