@@ -45,13 +45,15 @@ from raylm.requests.shards import LMEVAL_KIND, Shard, make_shards
 from raylm.requests.table import forward_tokens
 from raylm.results.contamination import CleanSets, read_scan
 from raylm.results.decontamination import clean_documents, native_decontaminated
+from raylm.results.eval_result import EvalResult, TaskResult
 from raylm.results.metrics import choice_metrics, rolling_metrics
-from raylm.results.report import EvalResult, TaskResult, prefix_sharing, run_summary, token_counts
+from raylm.results.report import prefix_sharing, run_summary, token_counts
 from raylm.results.sums import merge
 from raylm.storage.location import location
 from raylm.storage.lock import output_lock
 from raylm.storage.ownership import CHECKPOINT_DIR
 from raylm.tasks import get_task
+from raylm.tasks.base import doc_hash
 from raylm.tasks.lmeval.selection import select_lmeval
 from raylm.tasks.native import TaskDocs, load_task_docs
 from raylm.tasks.prompt import PromptFormat
@@ -246,6 +248,8 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
         else:
             metrics, original = choice_metrics(sums, get_task(name).choice_metrics), docs[name][1]
         results[name] = TaskResult(name, kind, metrics, sums, original, table)
+        if kind != LMEVAL_KIND:
+            results[name].doc_hashes = {doc.doc_id: doc_hash(doc) for doc in docs[name][0]}
         if clean is not None and kind != LMEVAL_KIND:
             results[name].decontaminated = native_decontaminated(name, kind, table, clean[name])
     lmeval = _lmeval_results(cfg, built, tables, results, clean) if built is not None else None

@@ -11,7 +11,8 @@ import pytest
 
 from raylm.config import EvalConfig
 from raylm.models.spec import ModelSpec
-from raylm.results.report import EvalResult, TaskResult, write_samples
+from raylm.results.eval_result import EvalResult, TaskResult
+from raylm.results.report import write_samples
 
 pytest_plugins = ["faulty_fs"]  # its fixture: faulty
 

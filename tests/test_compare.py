@@ -10,22 +10,36 @@ import shutil
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import pytest
 import scipy.stats
 from conftest import STORIES
 
 from raylm.cli import main
+from raylm.compare.comparison import compare_runs
+from raylm.compare.find import find_runs
+from raylm.compare.output import COMPARISON_CSV, COMPARISON_JSON
+from raylm.compare.statistics import Z95, clustered_stderr, paired_difference
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
 from raylm.requests.shards import LMEVAL_KIND
-from raylm.results.compare import COMPARISON_CSV, COMPARISON_JSON, compare_runs
+from raylm.results.eval_result import EvalResult, TaskResult
 from raylm.results.lmeval import results
-from raylm.results.paired import Z95, clustered_stderr, paired_difference
-from raylm.results.report import EvalResult, TaskResult, write_results, write_samples
+from raylm.results.report import write_results, write_samples
 from raylm.results.sample_logs import sample_log, sample_log_name
+from raylm.scoring.predictions import choice_predictions
+from raylm.storage.location import location
 
-LMEVAL_TASKS = ("mmlu_local", "arc_easy_local")
+pytest_plugins = ["s3_server"]  # its fixtures: s3_server, s3
+MACRO = "macro_local"  # an lm-eval group over boolq_local (3 documents) and piqa_local (6), weighed equally
+LMEVAL_TASKS = ("mmlu_local", "arc_easy_local", MACRO)
+
+
+def compared(*places) -> dict:
+    """compare's result for the runs at these places, as the command reads them."""
+    return compare_runs([run for where in places for run in find_runs(where)])
 SEEDS = (0, 1234, 1234, 1234)
 LIMIT = 6
 
@@ -89,9 +103,10 @@ def random_scores(built, seed: int) -> dict:
             for task in built.tasks["tasks"] for r in built.requests(task)}
 
 
-def lmeval_task_result(built, name: str, scores: dict, docs: int = LIMIT) -> TaskResult:
+def lmeval_task_result(built, name: str, scores: dict) -> TaskResult:
     """An lm-eval task's TaskResult as evaluate() hands it to the writers: one scored row per request."""
     requests = built.requests(name)
+    docs = len({r.doc_id for r in requests})
     scored = pa.table({"doc_id": [r.doc_id for r in requests], "req_idx": [r.idx for r in requests],
                        "window": [0] * len(requests), "context_tokens": [1] * len(requests),
                        "continuation_tokens": [1] * len(requests),
@@ -109,22 +124,35 @@ def _native(seed: int) -> tuple[TaskResult, TaskResult]:
     rolling = pa.table({"doc_id": np.repeat(np.arange(3), 2), "req_idx": np.tile([0, 1], 3), "gold": [-1] * 6,
                         "norm_len": [0] * 6, "words": [40, 0, 25, 0, 0, 0], "bytes": [200, 0, 130, 0, 310, 0],
                         "loglikelihood": -rng.gamma(50.0, 10.0, 6), "is_greedy": np.zeros(6, bool)})
-    sums = {"docs": 4, "correct": 1, "correct_norm": 1}
-    hellaswag = TaskResult("hellaswag", "multiple_choice", {"acc,none": 0.25, "acc_stderr,none": 0.25,
-                                                            "acc_norm,none": 0.25, "acc_norm_stderr,none": 0.25},
+    p = choice_predictions(choice)
+    acc, acc_norm = float(np.mean(p.pred == p.gold)), float(np.mean(p.pred_norm == p.gold))
+    sums = {"docs": 4, "correct": 4 * acc, "correct_norm": 4 * acc_norm}
+    hellaswag = TaskResult("hellaswag", "multiple_choice", {"acc,none": acc, "acc_stderr,none": 0.25,
+                                                            "acc_norm,none": acc_norm, "acc_norm_stderr,none": 0.25},
                            sums, 4, choice)
     wikitext = TaskResult("wikitext", "rolling", {f"{m},none": 1.0 for m in ("word_perplexity", "byte_perplexity",
                                                                              "bits_per_byte")},
                           {"docs": 3, "nll": 1.0, "tokens": 9, "words": 65, "bytes": 640}, 3, rolling)
+    hellaswag.doc_hashes = {d: f"hellaswag document {d}" for d in range(4)}
+    wikitext.doc_hashes = {d: f"wikitext page {d}" for d in range(3)}
     return hellaswag, wikitext
 
 
 @pytest.fixture(scope="module")
-def built(local_tasks):
+def built(local_tasks, tmp_path_factory):
+    """The lm-eval tasks on LIMIT documents each (--samples), boolq_local on 3: MACRO's subtasks differ in size,
+    so its reported macro mean is not the mean over its documents."""
     from raylm.tasks.lmeval.build import load_and_build
     from raylm.tasks.lmeval.names import select
 
-    return load_and_build(select(list(LMEVAL_TASKS), local_tasks), SEEDS, None, LIMIT)
+    tasks = tmp_path_factory.mktemp("compare-tasks") / "tasks"
+    shutil.copytree(local_tasks, tasks)
+    (tasks / f"{MACRO}.yaml").write_text(
+        f"group: {MACRO}\ntask: [boolq_local, piqa_local]\n"
+        "aggregate_metric_list:\n  - {metric: acc, weight_by_size: false}\nmetadata: {version: 1.0}\n")
+    selection = select(list(LMEVAL_TASKS), tasks)
+    samples = {leaf: list(range(3 if leaf == "boolq_local" else LIMIT)) for leaf in selection.leaves}
+    return load_and_build(selection, SEEDS, None, None, samples)
 
 
 def _write_run(out, built, seed: int) -> dict:
@@ -134,7 +162,8 @@ def _write_run(out, built, seed: int) -> dict:
     theirs = results(built, scores, bootstrap_iters=0)
     tasks = {t.name: t for t in _native(seed)}
     tasks.update({name: lmeval_task_result(built, name, scores) for name in built.tasks["tasks"]})
-    cfg = EvalConfig(ModelSpec(str(STORIES)), ("hellaswag", "wikitext", *LMEVAL_TASKS), bootstrap_iters=0)
+    cfg = EvalConfig(ModelSpec(str(STORIES)), ("hellaswag", "wikitext", *LMEVAL_TASKS), bootstrap_iters=0,
+                     samples=built.samples)
     result = EvalResult(cfg, tasks, 1.0, {}, lmeval=theirs)
     write_samples(out, result)
     write_results(out, result)
@@ -154,7 +183,7 @@ def _accs(samples: list[dict]) -> np.ndarray:
 
 def test_compare_equals_a_direct_computation_on_the_runs_per_document_scores(runs):
     a, b, theirs_a, theirs_b = runs
-    pair = compare_runs([a, b])["comparisons"][0]
+    pair = compared(a, b)["comparisons"][0]
     arc = pair["tasks"]["arc_easy_local"]
     xa, xb = _accs(theirs_a["samples"]["arc_easy_local"]), _accs(theirs_b["samples"]["arc_easy_local"])
     assert (arc["metric"], arc["n"], arc["a"], arc["b"]) == ("acc", LIMIT, xa.mean(), xb.mean())
@@ -179,9 +208,50 @@ def test_compare_equals_a_direct_computation_on_the_runs_per_document_scores(run
     assert "mmlu_local_stem" in pair["tasks"]
 
 
+def test_a_group_weighing_its_subtasks_equally_pairs_the_macro_mean_each_run_reports(runs):
+    """MACRO (weight_by_size: false over 3 and 6 documents): compare's a and b are the runs' own results.json
+    values, its difference the mean of the two subtasks' differences, its clustered standard error the
+    cluster-robust one of that weighted mean (each document weighs 1 / (2 n_subtask))."""
+    a, b, theirs_a, theirs_b = runs
+    macro = compared(a, b)["comparisons"][0]["tasks"][MACRO]
+    reported = [json.loads((run / "results.json").read_text())["groups"][MACRO]["acc,none"] for run in (a, b)]
+    assert (macro["a"], macro["b"]) == (pytest.approx(reported[0], rel=1e-12), pytest.approx(reported[1], rel=1e-12))
+    parts = [(_accs(theirs_a["samples"][t]), _accs(theirs_b["samples"][t])) for t in ("boolq_local", "piqa_local")]
+    assert [len(x) for x, _ in parts] == [3, LIMIT]
+    pooled = np.concatenate([x for x, _ in parts]).mean()
+    assert not math.isclose(pooled, reported[0])  # the mean over its documents is another number
+    d = np.concatenate([y - x for x, y in parts])
+    weight = np.concatenate([np.full(len(x), 1 / (2 * len(x))) for x, _ in parts])
+    diff = float(np.mean([(y - x).mean() for x, y in parts]))
+    cluster_sums = [np.sum(w * (dk - diff)) for w, dk in zip(np.split(weight, [3]), np.split(d, [3]))]
+    assert (macro["n"], macro["clusters"]) == (3 + LIMIT, 2)
+    assert macro["diff"] == pytest.approx(diff, rel=1e-12, abs=1e-15)
+    assert macro["diff_stderr_clustered"] == pytest.approx(math.sqrt(sum(c ** 2 for c in cluster_sums)), rel=1e-12)
+
+
+def test_a_metric_whose_reported_number_is_not_its_documents_mean_is_refused_in_one_line(runs, tmp_path, capsys):
+    """A number aggregated otherwise than by a mean (tinyBenchmarks' IRT estimates, a median): no paired
+    difference describes it, and compare says so instead of pairing the documents' mean."""
+    a, b, _, _ = runs
+    irt = tmp_path / "irt"
+    shutil.copytree(b, irt)
+    data = json.loads((irt / "results.json").read_text())
+    data["results"]["arc_easy_local"]["acc,none"] = 0.123
+    data["results"]["piqa_local"]["acc,none"] = 0.123  # MACRO's subtask: the group's acc is refused with it
+    (irt / "results.json").write_text(json.dumps(data))
+    pair = compared(a, irt)["comparisons"][0]
+    assert MACRO not in pair["tasks"] and pair["refused"][MACRO] == {"acc": "its subtask piqa_local's is refused"}
+    assert "acc" not in pair["tasks"]["arc_easy_local"]["metrics"] and "acc_norm" in pair["tasks"]["arc_easy_local"]["metrics"]
+    assert pair["refused"]["arc_easy_local"]["acc"].startswith(f"{irt} reports 0.123, its documents' mean is ")
+    assert main(["compare", str(a), str(irt)]) == 0
+    refused = [line for line in capsys.readouterr().out.splitlines() if line.startswith("refused:")]
+    assert refused[0] == f"refused: arc_easy_local: acc: {pair['refused']['arc_easy_local']['acc']}"
+    assert len(refused) == 3 and refused[2] == f"refused: {MACRO}: acc: its subtask piqa_local's is refused"
+
+
 def test_native_tasks_pair_accuracy_and_loglikelihood_per_word_and_byte(runs):
     a, b, _, _ = runs
-    pair = compare_runs([a, b])["comparisons"][0]
+    pair = compared(a, b)["comparisons"][0]
     (ha, wa), (hb, wb) = _native(1), _native(2)
 
     def acc(task):
@@ -212,8 +282,8 @@ def test_lm_evals_own_output_directory_compares_like_a_raylm_run(runs, tmp_path)
         (model_dir / f"results_{date}.json").write_text(content or lmeval_results)
         for task, samples in theirs_b["samples"].items():
             (model_dir / sample_log_name(task, date)).write_bytes(b"" if content else sample_log(task, samples))
-    ours = compare_runs([a, b])["comparisons"][0]["tasks"]
-    theirs = compare_runs([a, tmp_path / "lmeval-out"])["comparisons"][0]["tasks"]
+    ours = compared(a, b)["comparisons"][0]["tasks"]
+    theirs = compared(a, tmp_path / "lmeval-out")["comparisons"][0]["tasks"]
     lmeval_names = [t for t in ours if t not in ("hellaswag", "wikitext")]
     assert lmeval_names and {t: ours[t] for t in lmeval_names} == {t: theirs[t] for t in lmeval_names}
 
@@ -223,11 +293,18 @@ def test_runs_on_other_documents_or_few_shot_seeds_are_refused_in_one_line(runs,
     fewer = tmp_path / "fewer"
     shutil.copytree(b, fewer)
     docs = fewer / "samples" / "hellaswag_docs.parquet"
-    import pyarrow.parquet as pq
-
     pq.write_table(pq.read_table(docs).slice(0, 3), docs)
     with pytest.raises(RaylmError, match=r"^hellaswag: .* are not on the same documents \(4 and 3, 3 in common"):
-        compare_runs([a, fewer])
+        compared(a, fewer)
+    other_data = tmp_path / "other-data"  # the same doc_ids, another document under one (another --data-dir)
+    shutil.copytree(b, other_data)
+    pages = other_data / "samples" / "wikitext.parquet"
+    table = pq.read_table(pages)
+    hashes = table["doc_hash"].to_pylist()
+    pq.write_table(table.set_column(table.column_names.index("doc_hash"), "doc_hash",
+                                    pa.array([h.replace("page 2", "page X") for h in hashes])), pages)
+    with pytest.raises(RaylmError, match=r"^wikitext: .* hold other documents under doc_id 2 \(doc_hash differs"):
+        compared(a, other_data)
     seeded = tmp_path / "seeded"
     shutil.copytree(b, seeded)
     results_path = seeded / "results.json"
@@ -241,9 +318,9 @@ def test_runs_on_other_documents_or_few_shot_seeds_are_refused_in_one_line(runs,
     shutil.copytree(a, shifted)
     (shifted / "results.json").write_text(json.dumps(first))
     with pytest.raises(RaylmError, match=r"^arc_easy_local: .* few-shot examples with other seeds \(1234 and 7\)"):
-        compare_runs([shifted, seeded])
+        compared(shifted, seeded)
     with pytest.raises(RaylmError, match="compare needs two runs or more"):
-        compare_runs([a])
+        compared(a)
 
 
 def test_the_command_prints_the_table_and_writes_comparison_json_and_csv(runs, tmp_path, capsys):
@@ -268,9 +345,27 @@ def test_a_sweep_compares_every_point_with_its_first_in_summary_order(runs, tmp_
     for point, run in (("bf16", b), ("fp32", a), ("again", a)):
         shutil.copytree(run, sweep / "stories" / point)
     (sweep / "summary.csv").write_text("model,point\nstories,fp32\nstories,bf16\nstories,again\n")
-    out = compare_runs([sweep])
+    out = compared(sweep)
     assert out["baseline"] == f"{sweep}/stories/fp32"
     assert [pair["b"] for pair in out["comparisons"]] == [f"{sweep}/stories/bf16", f"{sweep}/stories/again"]
-    assert out["comparisons"][0]["tasks"] == compare_runs([a, b])["comparisons"][0]["tasks"]
+    assert out["comparisons"][0]["tasks"] == compared(a, b)["comparisons"][0]["tasks"]
     same = out["comparisons"][1]["tasks"]["mmlu_local"]
     assert (same["diff"], same["diff_stderr_clustered"], same["p_value"]) == (0.0, 0.0, 1.0)
+
+
+def test_runs_and_outputs_on_object_storage_are_read_and_written_by_uri(runs, s3, capsys):
+    """Runs and outputs named by URI (S3 on moto's server here): compare reads a run and a run's results.json
+    from there as from a directory, and writes comparison.json and the report page there."""
+    a, b, _, _ = runs
+    remote = location(f"{s3}/runs/b")
+    pafs.copy_files(str(b), remote.path, destination_filesystem=remote.fs)
+    assert main(["compare", str(a), str(remote), "--output", f"{s3}/cmp"]) == 0
+    written = json.loads((location(f"{s3}/cmp") / COMPARISON_JSON).read_text())
+    assert written["comparisons"][0]["b"] == f"{s3}/runs/b"
+    assert written["comparisons"][0]["tasks"] == compared(a, b)["comparisons"][0]["tasks"]
+    only_results = location(f"{s3}/runs/results-only")
+    pafs.copy_files(str(b / "results.json"), (only_results / "results.json").path,
+                    destination_filesystem=only_results.fs)
+    assert main(["report", str(only_results), "--output", f"{s3}/report.html"]) == 0
+    assert f"raylm report: {s3}/runs/results-only" in location(f"{s3}/report.html").read_text()
+    assert capsys.readouterr().out.endswith(f"report written to {s3}/report.html\n")

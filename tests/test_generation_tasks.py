@@ -98,8 +98,7 @@ def scored_generations(texts: dict, task: str) -> pa.Table:
 
 @pytest.mark.parametrize("names,gen_kwargs", [(["gsm8k_local", "gsm8k_vote_local"], {"max_gen_toks": 17}),
                                               (["gen_mixed_local"], None)])
-def test_raylms_results_for_fixed_generations_are_lm_evals_own(gen_tasks, names, gen_kwargs, monkeypatch):
-    monkeypatch.setenv("DISABLE_MULTIPROC", "1")  # see test_lmeval_results: lm-eval's bootstrap, single-process
+def test_raylms_results_for_fixed_generations_are_lm_evals_own(gen_tasks, names, gen_kwargs):
     built = load_and_build(select(names, gen_tasks), SEEDS, None, 6, gen_kwargs=gen_kwargs)
     texts = fixed_texts(built)
     rng = np.random.default_rng(1)

@@ -163,7 +163,9 @@ def test_log_samples_writes_lm_evals_logged_fields_per_request_and_document(cli_
     rolling = pq.read_table(out / "samples" / "boolq_text_local.parquet").to_pylist()
     assert len(rolling) == LIMIT and max(r["windows"] for r in rolling) > 1 and rolling[0]["is_greedy"] is None
     assert all(r["continuation_tokens"] > 0 and len(r["arguments"]) == 1 for r in rolling)
-    assert pq.read_table(out / "samples" / "hellaswag_docs.parquet").num_rows == LIMIT  # native, as before
+    native = pq.read_table(out / "samples" / "hellaswag_docs.parquet")
+    assert native.num_rows == LIMIT  # native, as before, each document with its content's hash (raylm compare)
+    assert len(set(native["doc_hash"].to_pylist())) == LIMIT
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import sys
 
 import lm_eval
@@ -19,11 +20,16 @@ from lm_eval.utils import handle_non_serializable, make_table
 
 from raylm.config import EvalConfig
 from raylm.models.spec import ModelSpec
+from raylm.results.eval_result import EvalResult, TaskResult
 from raylm.results.lmeval import results
 from raylm.results.native import task_entry
-from raylm.results.report import EvalResult, TaskResult, format_table, results_dict
+from raylm.results.report import format_table, results_dict
 from raylm.tasks.lmeval.build import load_and_build
 from raylm.tasks.lmeval.names import select
+
+def forbidden_pool(*args, **kwargs):
+    raise AssertionError("lm-eval forked a multiprocessing pool from a process with Ray's and torch's threads")
+
 
 EXTRA = {"shards": 2, "requests_scored": 8, "shards_retried": 0, "shards_resumed": 0}
 
@@ -128,10 +134,9 @@ def variants(local_tasks, tmp_path_factory):
 @pytest.mark.parametrize("num_fewshot,bootstrap_iters", [(None, 200), (3, 0)])
 def test_raylms_glue_gives_lm_evals_own_results_for_the_same_scores(variants, num_fewshot, bootstrap_iters,
                                                                     monkeypatch):
-    # lm-eval's bootstrap forks a multiprocessing pool unless DISABLE_MULTIPROC is set; this process has Ray's and
-    # torch's threads, and one fork hung here past the timeout. Its single-process path draws the same replicates
-    # (random.Random(i) per chunk of 1,000, in order), so both sides below still get lm-eval's numbers.
-    monkeypatch.setenv("DISABLE_MULTIPROC", "1")
+    # lm-eval's bootstrap (arc_ll's perplexity stderr, on both sides below) must not fork a pool from this process,
+    # which holds Ray's and torch's threads: importing raylm's lm-eval layer turns the pool off (raylm.tasks.lmeval).
+    monkeypatch.setattr(multiprocessing, "Pool", forbidden_pool)
     names = ["arc_mi", "arc_ll", "arc_two_shot", "arc_pinned"]
     seeds = (0, 1234, 1234, 1234)
     built = load_and_build(select(names, variants), seeds, num_fewshot, 12)

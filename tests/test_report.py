@@ -15,15 +15,15 @@ from html.parser import HTMLParser
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from test_compare import _write_run, built, runs  # noqa: F401  (fixtures: the two runs compare's tests use)
+from test_compare import _write_run, built, compared, runs  # noqa: F401  (fixtures: the two runs compare's tests use)
 
 from raylm.cli import main
-from raylm.results.compare import compare_runs
+from raylm.compare.find import find_runs
+from raylm.compare.page import report_page
 from raylm.results.distributions import PER_CHARACTER, SUMMED, choice_scores
-from raylm.results.page import report_page
 
 CHROMIUM = "/usr/bin/chromium"
-MULTIPLE_CHOICE = 8  # per run: arc_easy_local, hellaswag and mmlu_local's six subjects
+MULTIPLE_CHOICE = 10  # per run: arc_easy_local, boolq_local, piqa_local, hellaswag and mmlu_local's six subjects
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync")
 
@@ -111,7 +111,7 @@ def _expected(results: dict, column: str) -> dict[tuple[str, str, str], tuple[fl
 @pytest.fixture(scope="module")
 def page(runs):
     a, b, _, _ = runs
-    text, refused = report_page([a, b])
+    text, refused = report_page(find_runs(a) + find_runs(b))
     assert refused is None
     return text
 
@@ -141,7 +141,7 @@ def test_the_comparison_table_is_raylm_compares_and_is_charted(runs, page):
     parsed = Page(page)
     header, *rows = parsed.tables["comparison-0"]
     assert header[:6] == ["task", "metric", "n", "a", "b", "b − a"]
-    pair = compare_runs([a, b])["comparisons"][0]
+    pair = compared(a, b)["comparisons"][0]
     expected = {(task, metric): d for task, entry in pair["tasks"].items() for metric, d in entry["metrics"].items()}
     shown = {(r[0], r[1]): r[2:] for r in rows}
     assert set(shown) == set(expected) and {"mmlu_local", "hellaswag", "wikitext"} <= {t for t, _ in shown}
@@ -186,7 +186,8 @@ def test_a_score_distribution_per_multiple_choice_task_per_run_drawn_from_its_sa
         assert set(charts) == expected and len(parsed.distributions[i]) == MULTIPLE_CHOICE
         for task in expected:
             correct, other = _direct_scores(run, task, theirs["samples"].get(task, []))
-            assert len(correct) == (6 if task != "hellaswag" else 4) and len(other) == 3 * len(correct)
+            docs, choices = {"hellaswag": (4, 4), "boolq_local": (3, 2), "piqa_local": (6, 2)}.get(task, (6, 4))
+            assert len(correct) == docs and len(other) == (choices - 1) * len(correct)
             assert f"{len(correct)} correct, {len(other)} other" in charts[task]
             files = ([run / "samples" / f"{task}.parquet"] if task == "hellaswag" else
                      [run / "samples" / f"{task}_docs.parquet", *(run / "samples").glob(f"samples_{task}_*.jsonl")])
@@ -207,7 +208,7 @@ def test_the_page_loads_nothing_and_escapes_what_results_say(runs, tmp_path):
     data["config"]["model"] = "<script>alert(1)</script>"
     data["results"]["<img src=http://example.com/x.png>"] = data["results"].pop("hellaswag")
     (hostile / "results.json").write_text(json.dumps(data))
-    text, refused = report_page([hostile])
+    text, refused = report_page(find_runs(hostile))
     parsed = Page(text)
     assert refused is None and parsed.title == f"raylm report: {hostile}"
     assert dict(parsed.tables["config-0"])["model"] == "<script>alert(1)</script>"  # shown as text

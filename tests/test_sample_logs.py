@@ -28,14 +28,15 @@ from raylm.models.loading import load_model, load_tokenizer
 from raylm.models.spec import ModelSpec
 from raylm.requests.encoding import Encoder
 from raylm.requests.native import encode_task_requests
+from raylm.results.eval_result import EvalResult, TaskResult
 from raylm.results.lmeval import results
 from raylm.results.native_logs import native_samples
-from raylm.results.report import EvalResult, TaskResult, write_samples
+from raylm.results.report import write_samples
 from raylm.scoring.scorer import Scorer
-from raylm.tasks.lmeval.counterparts import build_counterparts
-from raylm.tasks.prompt import PromptFormat
 from raylm.tasks.lmeval.build import load_and_build
+from raylm.tasks.lmeval.counterparts import build_counterparts
 from raylm.tasks.lmeval.names import select
+from raylm.tasks.prompt import PromptFormat
 
 TASKS = ("arc_easy_local",)
 LIMIT = 5
@@ -53,7 +54,7 @@ def logs(local_tasks, tmp_path_factory):
     scores = random_scores(built, 4)
     ours = tmp_path_factory.mktemp("ours")
     cfg = EvalConfig(ModelSpec(str(STORIES)), TASKS, bootstrap_iters=0, log_samples=True)
-    write_samples(ours, EvalResult(cfg, {name: lmeval_task_result(built, name, scores, LIMIT) for name in TASKS},
+    write_samples(ours, EvalResult(cfg, {name: lmeval_task_result(built, name, scores) for name in TASKS},
                                    1.0, {}, lmeval=results(built, scores, bootstrap_iters=0)))
     arguments = {(t, r.doc_id, r.idx): r.arguments for t in built.tasks["tasks"] for r in built.requests(t)}
     theirs = lm_eval.simple_evaluate(model=ReplayLM(scores, arguments), tasks=list(TASKS), limit=LIMIT,

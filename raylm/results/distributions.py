@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raylm.errors import RaylmError
-from raylm.results.compare import read_samples_jsonl
 from raylm.results.lmeval_samples import docs_table
+from raylm.results.sample_logs import read_sample_log
 from raylm.scoring.predictions import norm_scores
 from raylm.storage.location import Location, location
 
@@ -53,9 +53,7 @@ def choice_scores(path: str | os.PathLike[str] | Location) -> ChoiceScores:
     samples/<task>_docs.parquet of an lm-eval task, or lm-eval's samples_<task>_<date>.jsonl."""
     where = location(path)
     if where.suffix == ".jsonl":
-        if where.local is None:
-            raise RaylmError(f"{where}: lm-eval's samples are read from a directory on this machine")
-        return _logged(where, docs_table(read_samples_jsonl(where.local)))
+        return _logged(where, docs_table(read_sample_log(where)))
     with where.open_input() as f:
         table = pq.read_table(f)
     if set(NATIVE_COLUMNS) <= set(table.column_names):

@@ -8,11 +8,9 @@ lm-eval is pinned to the 0.4.13 these mirror). Nothing here computes a metric.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -55,22 +53,6 @@ def task_scores(task: str, output_type: str, requests: pa.Table, scored: pa.Tabl
         for doc_id, idx, ll, g in zip(docs, idxs, logliks, greedy):
             out[(task, doc_id, idx)] = (ll, bool(g))
     return out
-
-
-@contextlib.contextmanager
-def _no_bootstrap_pool() -> Iterator[None]:
-    """bootstrap_stderr forks a multiprocessing pool of cpu_count() workers unless DISABLE_MULTIPROC is set; its
-    draws are seeded per chunk, so the single-process path gives the same numbers without forking a driver that
-    holds Ray's threads."""
-    previous = os.environ.get("DISABLE_MULTIPROC")
-    os.environ["DISABLE_MULTIPROC"] = "1"
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop("DISABLE_MULTIPROC")
-        else:
-            os.environ["DISABLE_MULTIPROC"] = previous
 
 
 def _fill(task_name: str, instances: list[Instance], scores: Mapping[ScoreKey, Score]) -> None:
@@ -160,11 +142,10 @@ def results(built: Built, scores: Mapping[ScoreKey, Score], bootstrap_iters: int
                         if clean is not None and index in clean[name]:
                             clean_acc[name]["raw_metrics"][(metric, filter_key)].append(value)
         groups = built.tasks.get("groups", {})
-        with _no_bootstrap_pool():
-            processed = _process_results(accumulators, groups, bootstrap_iters)
-            out = processed._to_eval_results(samples=processed.samples if log_samples else None)
-            if clean is not None:
-                _add_decontaminated(out, _process_results(clean_acc, groups, bootstrap_iters)._to_eval_results())
+        processed = _process_results(accumulators, groups, bootstrap_iters)
+        out = processed._to_eval_results(samples=processed.samples if log_samples else None)
+        if clean is not None:
+            _add_decontaminated(out, _process_results(clean_acc, groups, bootstrap_iters)._to_eval_results())
         return out
 
 

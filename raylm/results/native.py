@@ -17,7 +17,7 @@ from raylm.results.contamination import SUFFIX
 
 if TYPE_CHECKING:
     from raylm.config import EvalConfig
-    from raylm.results.report import TaskResult
+    from raylm.results.eval_result import TaskResult
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ import logging
 import os
 import platform
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
@@ -25,6 +24,7 @@ from raylm.errors import RaylmError
 from raylm.models.chat import template_sha
 from raylm.models.spec import ModelSpec
 from raylm.requests.shards import LMEVAL_KIND
+from raylm.results.eval_result import EvalResult
 from raylm.results.metrics import token_perplexity
 from raylm.results.native import lmeval_shape
 from raylm.scoring.predictions import choice_predictions
@@ -35,31 +35,6 @@ from raylm.storage.ownership import tagged
 log = logging.getLogger(__name__)
 
 VERSIONED = ("ray", "torch", "transformers")  # installed distributions whose versions decide a run's numbers
-
-
-@dataclass
-class TaskResult:
-    name: str
-    kind: str
-    metrics: dict[str, float]
-    sums: dict[str, float]
-    n_docs_original: int
-    scored: pa.Table
-    decontaminated: dict[str, float] | None = None  # a native task's `_decontaminate` metrics (lm-eval's: in metrics)
-    n_clean: int | None = None  # documents the `_decontaminate` metrics are computed on
-    samples: list[dict[str, Any]] | None = None  # a native task's samples as lm-eval logs them (--log-samples)
-
-
-@dataclass
-class EvalResult:
-    """A finished `raylm eval` run, as the driver hands it to the report."""
-
-    config: EvalConfig
-    tasks: dict[str, TaskResult]
-    wall_s: float
-    extra: dict[str, object] = field(default_factory=dict)
-    lmeval: dict[str, Any] | None = None  # lm-eval's results dict for its tasks (samples when log_samples)
-    decontamination: dict[str, Any] | None = None  # --decontaminate: the scan used, documents dirty and clean
 
 
 def run_config(model: ModelSpec, wall_s: float, **fields: object) -> dict[str, Any]:
@@ -182,19 +157,27 @@ def write_samples(out_dir: str | os.PathLike[str] | Location, result: EvalResult
         if task.kind == LMEVAL_KIND:
             _write_lmeval_samples(path, result, name)
             continue
-        write_parquet_atomic(path, tagged(task.scored))
+        write_parquet_atomic(path, tagged(_with_doc_hashes(task.scored, task.doc_hashes)))
         if task.kind == "multiple_choice":
             p = choice_predictions(task.scored)
             docs = pa.table({"doc_id": p.doc_id, "gold": p.gold, "pred": p.pred, "pred_norm": p.pred_norm,
                              "acc": (p.pred == p.gold).astype("int8"),
                              "acc_norm": (p.pred_norm == p.gold).astype("int8")})
-            write_parquet_atomic(out_dir / "samples" / f"{name}_docs.parquet", tagged(docs))
+            write_parquet_atomic(out_dir / "samples" / f"{name}_docs.parquet",
+                                 tagged(_with_doc_hashes(docs, task.doc_hashes)))
     logged = {name: result.lmeval["samples"][name] if task.kind == LMEVAL_KIND else task.samples
               for name, task in result.tasks.items() if task.kind == LMEVAL_KIND or task.samples is not None}
     if logged:
         from raylm.results.sample_logs import date_id, write_sample_logs
 
         write_sample_logs(out_dir, logged, date_id())
+
+
+def _with_doc_hashes(table: pa.Table, hashes: dict[int, str] | None) -> pa.Table:
+    """A native task's rows with their document's doc_hash, which raylm compare pairs documents by."""
+    if hashes is None:
+        return table
+    return table.append_column("doc_hash", pa.array([hashes[d] for d in table["doc_id"].to_pylist()], pa.string()))
 
 
 def _write_lmeval_samples(path: Location, result: EvalResult, name: str) -> None:

@@ -10,11 +10,13 @@ file it wrote into the output atomically. The samples are the ones lm-eval's eva
 from __future__ import annotations
 
 import copy
+import json
 import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from raylm.errors import RaylmError
 from raylm.storage.atomic import write_atomic
 from raylm.storage.location import Location
 
@@ -49,3 +51,14 @@ def write_sample_logs(out_dir: Location, samples: dict[str, list[dict[str, Any]]
         write_atomic(path, sample_log(task, logged))
         paths.append(path)
     return paths
+
+
+def read_sample_log(where: Location) -> list[dict[str, Any]]:
+    """A samples_<task>_<date>.jsonl, a record per line."""
+    out = []
+    for number, line in enumerate(where.read_text().splitlines(), 1):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise RaylmError(f"{where}: line {number} is not JSON ({e.msg})") from None
+    return out

@@ -6,6 +6,7 @@ shared, so no other module ever special-cases a task.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -70,6 +71,13 @@ class TextDoc:
 
 
 Doc = ChoiceDoc | TextDoc
+
+
+def doc_hash(doc: Doc) -> str:
+    """The document's content as a sha256 (its source row's fields, or its text), so that two runs' documents
+    under one doc_id can be told the same or not (raylm compare), as lm-eval's doc_hash tells its own."""
+    content = doc.row_key if isinstance(doc, ChoiceDoc) else doc.text
+    return hashlib.sha256(content.encode()).hexdigest()
 
 
 @dataclass(frozen=True)

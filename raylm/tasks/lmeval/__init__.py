@@ -6,4 +6,14 @@ filters, aggregation and group code turn scores back into its results (raylm.res
 tokenises the requests, scores them on its actors, and hands the scores back.
 
 lm-eval is the optional `tasks` extra, so nothing here is imported unless a run asks for a non-native name.
+
+lm-eval's bootstrap_stderr (the stderr of f1, mcc, bleu, perplexity and the other metrics it bootstraps) forks a
+multiprocessing pool unless DISABLE_MULTIPROC is set. Every process that imports this package holds Ray's threads
+(a driver, RayLM under lm-eval's own evaluator) or torch's, and forking such a process can hang the child. Its
+single-process path draws the same replicates (random.Random(i) per chunk of 1,000, in order), so the numbers are
+lm-eval's either way; a user who sets DISABLE_MULTIPROC themselves keeps their value.
 """
+
+import os
+
+os.environ.setdefault("DISABLE_MULTIPROC", "1")

@@ -1,6 +1,6 @@
 """Finished runs -> one self-contained HTML page (`raylm report`): each run's results table in lm-eval's columns,
 its multiple-choice tasks' score distributions (correct vs other choices) and its config, and for two runs or more
-the paired comparison of raylm.results.compare, as tables and charts.
+the paired comparison of raylm.compare, as tables and charts.
 
 The page loads nothing: CSS is inline and the charts are matplotlib's SVG, inline, their text kept as text. Every
 string taken from a results file is escaped (html.escape here, matplotlib's XML writer in the charts).
@@ -13,14 +13,15 @@ import io
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from raylm.compare.comparison import compare_runs
+from raylm.compare.output import notes
+from raylm.compare.run import Run
+from raylm.compare.statistics import Z95, shown_stderr
 from raylm.errors import RaylmError
-from raylm.results.compare import Run, compare_runs, find_runs
 from raylm.results.distributions import ChoiceScores, choice_scores, draw_choice_scores, holds_choice_scores, score_bins
-from raylm.results.paired import Z95
-from raylm.storage.atomic import write_atomic
+from raylm.storage.location import Location
 
 # The config keys shown up front, in this order, where a run has them (raylm's and lm-eval's results files
 # differ); the whole config is on the page too, folded.
@@ -49,15 +50,13 @@ svg { max-width: 100%; height: auto; }
 """
 
 
-def report_page(paths: list[Path]) -> tuple[str, str | None]:
-    """The page for every run the paths name (raylm.results.compare.find_runs), and why the runs were not
-    compared (compare's one-line refusal: no samples in common, other documents), None if they were or there is
-    one run."""
-    runs = [run for path in paths for run in find_runs(path)]
+def report_page(runs: list[Run]) -> tuple[str, str | None]:
+    """The page for the runs (raylm.compare.find.find_runs), and why they were not compared (compare's one-line
+    refusal: no samples in common, other documents), None if they were or there is one run."""
     comparison, refused = None, None
     if len(runs) > 1:
         try:
-            comparison = compare_runs(paths)
+            comparison = compare_runs(runs)
         except RaylmError as e:
             refused = str(e)
     title = "raylm report: " + ", ".join(run.label for run in runs)
@@ -77,11 +76,6 @@ def report_page(paths: list[Path]) -> tuple[str, str | None]:
     page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
             f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
     return page, refused
-
-
-def write_report(path: Path, page: str) -> Path:
-    write_atomic(path, page.encode())
-    return path
 
 
 def _e(value: Any) -> str:
@@ -162,7 +156,7 @@ def _run_section(i: int, run: Run) -> str:
 def _distributions(i: int, run: Run) -> str:
     """A chart per multiple-choice task with per-choice scores in its samples (raylm.results.distributions), and
     why a task that has samples has none."""
-    charts, notes = [], []
+    charts, problems = [], []
     for task, config in run.results.get("configs", {}).items():
         path = _choice_file(run, task) if config.get("output_type") == "multiple_choice" else None
         if path is None:
@@ -170,8 +164,8 @@ def _distributions(i: int, run: Run) -> str:
         try:
             charts.append(_distribution_svg(task, choice_scores(path)))
         except RaylmError as e:
-            notes.append(str(e))
-    if not charts and not notes:
+            problems.append(str(e))
+    if not charts and not problems:
         return ""
     parts = ["<h3>Score distributions</h3>",
              '<p class="note">Per multiple-choice task, the correct choice\'s score against the other choices\' '
@@ -179,17 +173,17 @@ def _distributions(i: int, run: Run) -> str:
              "loglikelihood per character (what acc_norm ranks by); an lm-eval task's is the choice's summed "
              "loglikelihood (what acc ranks by: its samples do not log the length acc_norm divides by).</p>",
              f'<div class="charts" id="distributions-{i}">' + "".join(charts) + "</div>"]
-    parts += [f'<p class="note">No distribution: {_e(note)}</p>' for note in notes]
+    parts += [f'<p class="note">No distribution: {_e(note)}</p>' for note in problems]
     return "\n".join(parts)
 
 
-def _choice_file(run: Run, task: str) -> Path | None:
+def _choice_file(run: Run, task: str) -> Location | None:
     """The task's samples holding each choice's loglikelihood: lm-eval's, or a native task's per-request Parquet
     beside its per-document one."""
     path = run.samples.get(task)
     if path is None:
         return None
-    for candidate in (path, path.with_name(f"{task}.parquet")):
+    for candidate in (path, path.parent / f"{task}.parquet"):
         if candidate.is_file() and holds_choice_scores(candidate):
             return candidate
     return None
@@ -228,20 +222,14 @@ def _comparison_section(comparison: dict[str, Any]) -> str:
         lines = [f'<table id="comparison-{j}" class="comparison"><thead><tr>{head}</tr></thead><tbody>']
         for task, entry in pair["tasks"].items():
             for metric, d in entry["metrics"].items():
-                se = d["diff_stderr_clustered"] if d.get("diff_stderr_clustered") is not None else d["diff_stderr"]
-                numbers = (d["n"], d["a"], d["b"], d["diff"], se, d["unpaired_stderr"], d["ci95_low"], d["ci95_high"])
+                numbers = (d["n"], d["a"], d["b"], d["diff"], shown_stderr(d), d["unpaired_stderr"], d["ci95_low"],
+                           d["ci95_high"])
                 cells = [_cell("n/a" if c is None else c) for c in numbers]
                 p = _cell("n/a" if d["p_value"] is None else d["p_value"], ".3g")  # 1.77e-07, not 0.0000
                 lines.append(f"<tr><td>{_e(task)}</td><td>{_e(metric)}</td>{''.join(cells)}{p}</tr>")
         lines.append("</tbody></table>")
         parts.append("\n".join(lines))
-        not_paired = sorted({f"{t}: {m}" for t, e in pair["tasks"].items() for m in e["not_paired"]})
-        if not_paired:
-            parts.append(f'<p class="note">Not paired (no per-document mean): {_e(", ".join(not_paired))}</p>')
-        for side in ("a", "b"):
-            if pair[f"only_in_{side}"]:
-                parts.append(f'<p class="note">Only in {side} (not compared): '
-                             f'{_e(", ".join(pair[f"only_in_{side}"]))}</p>')
+        parts += [f'<p class="note">{_e(line[0].upper() + line[1:])}</p>' for line in notes(pair)]
         by_metric: dict[str, list[tuple[str, float, float | None, float | None]]] = {}
         for task, e in pair["tasks"].items():  # a panel per primary metric: each on its own scale
             by_metric.setdefault(e["metric"], []).append((task, e["diff"], e["ci95_low"], e["ci95_high"]))

@@ -46,17 +46,25 @@ class Difference:
         return out
 
 
-def stderr_of_mean(x: np.ndarray) -> float:
-    """Sample standard deviation (n - 1) / sqrt(n), lm-eval's stderr of a mean; nan for fewer than 2 values."""
-    return float(np.std(x, ddof=1) / math.sqrt(len(x))) if len(x) > 1 else math.nan
+def stderr_of_mean(x: np.ndarray, weights: np.ndarray | None = None) -> float:
+    """The standard error of a weighted mean sum(w_i x_i) (weights summing to 1), sqrt(n / (n - 1) sum(w_i² (x_i -
+    mean)²)): with equal weights the sample standard deviation (n - 1) / sqrt(n), lm-eval's stderr of a mean; nan
+    for fewer than 2 values."""
+    n = len(x)
+    if n < 2:
+        return math.nan
+    w = np.full(n, 1.0 / n) if weights is None else weights
+    return float(math.sqrt(n / (n - 1) * float(np.sum((w * (x - np.dot(w, x))) ** 2))))
 
 
-def clustered_stderr(d: np.ndarray, clusters: np.ndarray) -> float:
-    """Cluster-robust standard error of mean(d): sqrt(sum over clusters of (sum_i (d_i - mean d))^2) / n."""
-    centred = d - d.mean()
+def clustered_stderr(d: np.ndarray, clusters: np.ndarray, weights: np.ndarray | None = None) -> float:
+    """Cluster-robust standard error of the weighted mean sum(w_i d_i) (weights summing to 1): sqrt(sum over
+    clusters of (sum_i w_i (d_i - mean))²); with equal weights sqrt(sum over clusters of (sum_i (d_i - mean d))²) / n."""
+    w = np.full(len(d), 1.0 / len(d)) if weights is None else weights
+    centred = w * (d - np.dot(w, d))
     _, index = np.unique(clusters, return_inverse=True)
     per_cluster = np.bincount(index, weights=centred)
-    return float(math.sqrt(float(np.sum(per_cluster ** 2))) / len(d))
+    return float(math.sqrt(float(np.sum(per_cluster ** 2))))
 
 
 def z_test(diff: float, stderr: float) -> tuple[float, float, float]:
@@ -69,21 +77,36 @@ def z_test(diff: float, stderr: float) -> tuple[float, float, float]:
     return diff - Z95 * stderr, diff + Z95 * stderr, p
 
 
-def paired_difference(a: np.ndarray, b: np.ndarray, clusters: np.ndarray | None = None) -> Difference:
+def paired_difference(a: np.ndarray, b: np.ndarray, clusters: np.ndarray | None = None,
+                      weights: np.ndarray | None = None) -> Difference:
     """b - a over documents paired by position; with `clusters` (one label per document: its subtask), the
-    group's difference with its clustered standard error beside the plain paired one."""
+    group's difference with its clustered standard error beside the plain paired one. `weights` (one per
+    document, summing to 1) make every mean a weighted one: a group that weighs its subtasks otherwise than by
+    their sizes (lm-eval's weight_by_size: false) gives each subtask's documents its share."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if a.shape != b.shape or a.ndim != 1 or len(a) == 0:
         raise ValueError(f"paired values must be two equal, non-empty 1-d arrays, got {a.shape} and {b.shape}")
+    w = None if weights is None else np.asarray(weights, np.float64)
+
+    def mean(x: np.ndarray) -> float:
+        return float(x.mean()) if w is None else float(np.dot(w, x))
+
     d = b - a
-    diff, paired = float(d.mean()), stderr_of_mean(d)
-    unpaired = math.hypot(stderr_of_mean(a), stderr_of_mean(b))
+    diff, paired = mean(d), stderr_of_mean(d, w)
+    unpaired = math.hypot(stderr_of_mean(a, w), stderr_of_mean(b, w))
     n_clusters = len(np.unique(clusters)) if clusters is not None else None
     clustered = None
     if n_clusters is not None:
         # One cluster's deviations sum to zero: a group of one subtask has no between-cluster spread to estimate,
         # and its interval is its subtask's own.
-        clustered = clustered_stderr(d, np.asarray(clusters)) if n_clusters > 1 else math.nan
+        clustered = clustered_stderr(d, np.asarray(clusters), w) if n_clusters > 1 else math.nan
     low, high, p = z_test(diff, clustered if clustered is not None and n_clusters > 1 else paired)
-    return Difference(len(d), float(a.mean()), float(b.mean()), diff, paired, unpaired, low, high, p, clustered,
-                      n_clusters)
+    return Difference(len(d), mean(a), mean(b), diff, paired, unpaired, low, high, p,
+                      clustered, n_clusters)
+
+
+def shown_stderr(numbers: dict[str, float | int | None]) -> float | None:
+    """The standard error a comparison's interval and p-value use (Difference.as_dict's view): the clustered one
+    where a group has it, else the paired one."""
+    clustered = numbers.get("diff_stderr_clustered")
+    return clustered if clustered is not None else numbers["diff_stderr"]
