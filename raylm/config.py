@@ -23,12 +23,27 @@ DEFAULT_BOOTSTRAP_ITERS = 100000  # lm_eval.simple_evaluate's default
 
 def parse_batch_size(value: int | str | None, what: str = "batch_size") -> int | None:
     """lm-eval's batch_size ("auto", "auto:N", N) as raylm's: None fills a token budget, N caps requests per batch.
-    The one reading of it for the command line, sweep files and RayLM's model_args."""
-    if value is None or str(value).startswith("auto"):
+    The one reading of it for the command line, sweep files and RayLM's model_args.
+
+    lm-eval's HFLM reads auto:N as a schedule: it splits its length-sorted requests into N equal parts and detects
+    the largest batch that fits at the start of each. raylm's token budget sizes every batch to its own requests,
+    which is auto:N with N as large as the number of batches, so auto:N is raylm's auto; N is checked as HFLM
+    reads it (a number above 0: HFLM divides by it)."""
+    text = "" if value is None else str(value)
+    mode, colon, schedule = text.partition(":")
+    if value is None or text == "auto":
         return None
-    if not str(value).isdigit() or int(value) < 1:
+    if mode == "auto" and colon:
+        try:
+            if float(schedule) > 0:
+                return None
+        except ValueError:
+            pass
+        raise RaylmError(f"{what + ' ' if what else ''}auto:N needs N, the times lm-eval re-detects its batch size, "
+                         f"to be a number above 0, got {value!r}")
+    if not text.isdigit() or int(text) < 1:
         raise RaylmError(f"{what + ' ' if what else ''}must be 'auto' or a positive integer, got {value!r}")
-    return int(value)
+    return int(text)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ and the lm-eval flags raylm has no equivalent for are refused by name, in one li
 from __future__ import annotations
 
 import argparse
+import logging
 import shlex
 from pathlib import Path
 
@@ -72,7 +73,8 @@ REFUSED = [
     ("--model_args pretrained=gpt2 --tasks hellaswag --max_batch_size 64", "--max_batch_size"),
     ("--model_args pretrained=gpt2 --tasks hellaswag --wandb_args project=x", "--wandb_args"),
     ("--model_args pretrained=gpt2 --tasks hellaswag --write_out", "--write_out"),
-    ("--model vllm --model_args pretrained=gpt2 --tasks hellaswag", "hf model (HFLM)"),
+    ("--model vllm --model_args pretrained=gpt2 --tasks hellaswag", "lm-eval's vllm model type"),
+    ("--model sglang --tasks hellaswag", "lm-eval's sglang model type"),
     ("--model hf --tasks hellaswag", "pretrained=..."),
     ("--model_args pretrained=gpt2,parallelize=True --tasks hellaswag", "parallelize"),
     ("--model_args pretrained=gpt2,enable_thinking=True --tasks hellaswag", "enable_thinking"),
@@ -138,3 +140,66 @@ def test_samples_may_be_a_file(tmp_path):
     path.write_text('{"hellaswag": [3, 1]}')
     assert config_from_args(parse_args(["eval", "--model", "gpt2", "--samples", str(path)])).samples == \
         {"hellaswag": [1, 3]}
+
+
+def lm_evals_run_args(argv: list[str]) -> argparse.Namespace:
+    """argv as lm-eval 0.4.13's own `run` parser reads it."""
+    from lm_eval._cli.run import Run
+
+    parser = argparse.ArgumentParser()
+    Run.create(parser.add_subparsers())
+    return parser.parse_args(["run", *argv])
+
+
+def test_every_lm_eval_model_type_but_hfs_is_refused_by_name():
+    """Read from lm-eval's own registry: a type is a backend raylm does not run, never a hub model of that name."""
+    from lm_eval.api.registry import get_model, model_registry
+
+    from raylm.cli.lmeval import HF_MODEL_TYPES, other_model_types
+
+    assert {"vllm", "sglang", "openai-completions", "local-completions", "gguf"} <= other_model_types()
+    assert other_model_types() | set(HF_MODEL_TYPES) == set(model_registry.keys())
+    for model_type in other_model_types():
+        for extra in ([], ["--model_args", "pretrained=gpt2"]):
+            with pytest.raises(RaylmError, match=f"lm-eval's {model_type} model type"):
+                parse_args(["eval", "--model", model_type, *extra, "--tasks", "hellaswag"])
+    assert get_model("hf-auto") is get_model("hf")  # the types raylm runs are lm-eval's HFLM
+
+
+def test_batch_size_auto_n_is_lm_evals_schedule_and_raylms_token_budget():
+    """lm-eval passes auto:N to HFLM, which re-detects its batch size N times over the run; raylm's token budget
+    sizes every batch (auto with the most re-detections), so auto:N runs as auto; N is checked as HFLM reads it."""
+    for line, theirs in (("--batch_size auto:4", "auto:4"), ("-b auto:1.5", "auto:1.5")):
+        argv = ["--model_args", "pretrained=gpt2", "--tasks", "hellaswag", *line.split()]
+        assert lm_evals_run_args(argv).batch_size == theirs
+        assert float(theirs.split(":")[1]) > 0  # HFLM's batch_schedule
+        assert settings("lm_eval eval " + shlex.join(argv))[1].batch_size is None
+    assert settings("lm_eval eval --model_args pretrained=gpt2,batch_size=auto:8 --tasks x")[1].batch_size is None
+    for bad in ("auto:0", "auto:x", "auto:-2"):
+        with pytest.raises((RaylmError, SystemExit)):
+            parse_args(["eval", "--model", "gpt2", "--batch_size", bad])
+
+
+@pytest.fixture
+def lm_eval_logger():
+    """lm-eval's logger as it was, restored after the test changes it."""
+    logger = logging.getLogger("lm_eval")
+    saved = logger.level, list(logger.handlers), logger.propagate
+    yield logger
+    logger.setLevel(saved[0])
+    logger.handlers[:], logger.propagate = saved[1], saved[2]
+    logging.getLogger().setLevel(logging.INFO)
+
+
+def test_verbosity_reaches_lm_evals_logger_as_lm_eval_sets_it(lm_eval_logger, monkeypatch, capsys):
+    from lm_eval.utils import setup_logging
+
+    monkeypatch.delenv("LMEVAL_LOG_LEVEL", raising=False)
+    argv = ["--model_args", "pretrained=gpt2", "--tasks", "hellaswag", "--verbosity", "debug"]
+    setup_logging(verbosity=lm_evals_run_args(argv).verbosity)  # what lm-eval's simple_evaluate does with it
+    theirs = lm_eval_logger.level
+    lm_eval_logger.setLevel(logging.WARNING)
+    # fails in the run's checks, after the command line is read and before anything loads
+    assert main(["eval", *argv, "--fewshot_as_multiturn"]) == 2
+    assert lm_eval_logger.level == theirs == logging.DEBUG
+    assert "needs --apply-chat-template" in capsys.readouterr().err

@@ -67,6 +67,17 @@ def error_message(error: RaylmError, out: Path | str) -> str:
     return f"{error} (full traceback in {path})"
 
 
+def set_verbosity(level: str) -> None:
+    """--verbosity for raylm's logs and, as lm-eval's own CLI sets it (simple_evaluate's setup_logging), for
+    lm-eval's "lm_eval" logger, LMEVAL_LOG_LEVEL overriding it as there."""
+    logging.getLogger().setLevel(level)
+    try:
+        from lm_eval.utils import setup_logging
+    except ImportError:
+        return
+    setup_logging(verbosity=level)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # lm-eval narrates every task it loads and builds at INFO (57 of them for MMLU); its warnings still show.
@@ -77,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"raylm: error: {e}", file=sys.stderr)
         return 2
     if args.command == "eval" and args.verbosity:
-        logging.getLogger().setLevel(args.verbosity)
+        set_verbosity(args.verbosity)
     try:
         return getattr(args, "run", run_eval)(args)
     except RaylmError as e:

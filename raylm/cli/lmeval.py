@@ -47,6 +47,18 @@ REFUSED = {
 HF_MODEL_TYPES = ("hf", "hf-auto", "huggingface")  # lm-eval's names for HFLM, the model raylm evaluates like
 
 
+def other_model_types() -> frozenset[str]:
+    """lm-eval's registered model types other than HFLM's (vllm, sglang, openai-completions, gguf, ...), from the
+    installed lm-eval's own registry: `--model vllm` names a backend raylm does not run, not a hub model. Empty
+    where lm-eval is not installed."""
+    try:
+        import lm_eval.models  # noqa: F401  (fills the registry with lm-eval's lazy entries)
+        from lm_eval.api.registry import model_registry
+    except ImportError:
+        return frozenset()
+    return frozenset(model_registry.keys()) - set(HF_MODEL_TYPES)
+
+
 def translate(argv: Sequence[str], known: set[str]) -> list[str]:
     """argv with lm-eval's spellings of `known` raylm flags rewritten, or a one-line error for a flag lm-eval
     has and raylm does not. Only `raylm eval` takes lm-eval's spellings."""
@@ -192,6 +204,9 @@ def apply_model_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     given = parse_pairs(args.model_args, "--model_args") if args.model_args else {}
     if isinstance(args.chat_template_args, list):
         args.chat_template_args = parse_pairs(args.chat_template_args, "--chat-template-args")
+    if args.model in other_model_types() and not Path(args.model).exists():
+        raise RaylmError(f"--model {args.model} is lm-eval's {args.model} model type, which raylm does not run: raylm "
+                         f"evaluates as lm-eval's hf model (HFLM); use --model hf")
     if args.model in HF_MODEL_TYPES and "pretrained" in given:
         args.model = None
     elif args.model in HF_MODEL_TYPES:
