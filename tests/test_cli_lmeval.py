@@ -26,7 +26,7 @@ LINES = [
      "--output_path results --log_samples",
      {"model.path": "meta-llama/Llama-3.1-8B-Instruct", "model.dtype": "bfloat16", "model.revision": "main",
       "tasks": ("mmlu", "arc_easy"), "num_fewshot": 5, "apply_chat_template": True, "multiturn": True,
-      "batch_size": None, "output": Path("results"), "log_samples": True}),
+      "batch_size": None, "output": Path("results/meta-llama__Llama-3.1-8B-Instruct/.raylm"), "log_samples": True}),
     ("lm_eval --model hf --model_args pretrained=Qwen/Qwen3-0.6B,enable_thinking=False "
      "--apply_chat_template chatml --fewshot_as_multiturn false --system_instruction 'Answer briefly.' "
      "--tasks arc_easy arc_challenge",
@@ -50,7 +50,12 @@ LINES = [
       "multiturn": True}),
     ("lm_eval -a pretrained=gpt2 -t hellaswag,winogrande -f 5 -b 4 -o out -s -L 10 --trust_remote_code",
      {"model.path": "gpt2", "tasks": ("hellaswag", "winogrande"), "num_fewshot": 5, "batch_size": 4,
-      "output": Path("out"), "log_samples": True, "limit": 10, "model.trust_remote_code": True}),
+      "output": Path("out/gpt2/.raylm"), "log_samples": True, "limit": 10, "model.trust_remote_code": True}),
+    # lm-eval's tracker names the folder after the adapter; a .json path is a file name, its folder beside it.
+    ("lm_eval --model_args pretrained=huggyllama/llama-7b,peft=tloen/alpaca-lora-7b --tasks piqa "
+     "--output_path runs/", {"output": Path("runs/tloen__alpaca-lora-7b/.raylm")}),
+    ("lm_eval --model_args pretrained=gpt2 --tasks piqa --output_path runs/gpt2.json",
+     {"output": Path("runs/.gpt2.raylm")}),
     ("lm_eval --model_args pretrained=gpt2,enable_thinking=False --apply_chat_template "
      "--chat_template_args reasoning_effort=low --tasks arc_easy",
      {"chat_template_args": {"reasoning_effort": "low", "enable_thinking": False}}),
@@ -80,6 +85,7 @@ REFUSED = [
     ("--model_args pretrained=gpt2,enable_thinking=True --tasks hellaswag", "enable_thinking"),
     ("--model_args pretrained=gpt2,tokenizer=gpt2-large --tasks hellaswag", "tokenizer= is not supported"),
     ("--model_args pretrained=gpt2,dtype=bfloat16 --dtype float16 --tasks hellaswag", "contradicts --dtype"),
+    ("--model gpt2 --tasks hellaswag --output out --output_path out", "--output and --output_path: choose one"),
 ]
 
 

@@ -18,7 +18,7 @@ import pytest
 import ray
 from conftest import DATA, GOLDEN, STORIES, tasks_only
 from lm_eval.result_schema import EvalResults
-from lm_eval.utils import make_table
+from lm_eval.utils import get_file_task_name, make_table, sanitize_model_name
 from pydantic import TypeAdapter, ValidationError
 
 from raylm.api import RayLM
@@ -64,10 +64,13 @@ def eval_args(local_tasks, out, *extra: str) -> list[str]:
 def cli_run(ray_session, tasks_dir, tmp_path_factory):
     """The command line through main() on the session's Ray: a process and a Ray of its own would prove nothing
     the demo's and the error tests' CLI runs (tests/test_cli.py) do not."""
-    out = tmp_path_factory.mktemp("lmeval-cli") / "out"
+    lmeval_out = tmp_path_factory.mktemp("lmeval-cli") / "out"
+    argv = eval_args(tasks_dir, lmeval_out, "--log-samples")
+    argv[argv.index("--output")] = "--output_path"  # lm-eval's layout, raylm's own folder inside it
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        assert main(eval_args(tasks_dir, out, "--log-samples")) == 0
+        assert main(argv) == 0
+    out = lmeval_out / sanitize_model_name(str(STORIES)) / ".raylm"
     return printed.getvalue(), out, json.loads((out / "results.json").read_text())
 
 
@@ -163,6 +166,15 @@ def test_log_samples_writes_lm_evals_logged_fields_per_request_and_document(cli_
     assert len(rolling) == LIMIT and max(r["windows"] for r in rolling) > 1 and rolling[0]["is_greedy"] is None
     assert all(r["continuation_tokens"] > 0 and len(r["arguments"]) == 1 for r in rolling)
     assert pq.read_table(out / "samples" / "hellaswag_docs.parquet").num_rows == LIMIT  # native, as before
+    # --output_path: lm-eval's own files where its tooling globs them, beside raylm's folder (no jsonl inside it)
+    [results_file] = out.parent.glob("results_*.json")
+    logs = {get_file_task_name(p.name): p for p in out.parent.glob("samples_*.jsonl")}
+    assert sorted(logs) == sorted(results["configs"]) and not list(out.rglob("*.jsonl"))
+    assert {p.stem.rsplit("_", 1)[1] for p in logs.values()} == {results_file.stem.rsplit("_", 1)[1]}
+    theirs = json.loads(results_file.read_text())
+    assert theirs["results"] == results["results"] and set(theirs["task_hashes"]) == set(logs)
+    assert theirs["model_name_sanitized"] == out.parent.name and theirs["model_source"] == "hf"
+    assert len(logs["arc_easy_local"].read_text().splitlines()) == LIMIT
 
 
 @pytest.fixture(scope="module")

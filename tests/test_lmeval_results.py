@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 import lm_eval
 import numpy as np
@@ -156,3 +157,52 @@ def test_raylms_glue_gives_lm_evals_own_results_for_the_same_scores(variants, nu
     assert theirs["n-shot"]["arc_pinned"] == 0 and theirs["n-shot"]["arc_two_shot"] == (num_fewshot or 2)
     stderr = ours["results"]["arc_ll"]["perplexity_stderr,none"]
     assert stderr == "N/A" if bootstrap_iters == 0 else isinstance(stderr, float)
+
+
+SAMPLE = {"doc_id": 0, "doc": {"q": "?"}, "target": 1, "arguments": [("Q:", " a"), ("Q:", " b")],
+          "resps": [[(-1.5, False)], [(-0.5, True)]], "filtered_resps": [(-1.5, False), (-0.5, True)],
+          "filter": "none", "metrics": ["acc"], "doc_hash": "d", "prompt_hash": "p", "target_hash": "t", "acc": 1.0}
+
+
+@pytest.mark.parametrize("output_path,model_args", [
+    ("out", {"pretrained": "EleutherAI/pythia-160m"}),
+    ("out/", {"pretrained": "huggyllama/llama-7b", "peft": "tloen/alpaca-lora-7b"}),  # lm-eval names the adapter
+    ("runs/pythia.json", {"pretrained": "EleutherAI/pythia-160m", "dtype": "float32"}),
+])
+def test_output_path_files_are_named_and_filled_as_lm_evals_tracker_does(output_path, model_args, tmp_path,
+                                                                          monkeypatch):
+    """--output_path through raylm's writer and through lm-eval's EvaluationTracker as its CLI drives it, in two
+    folders: the same file names (dates aside) and, but for the evaluation time, the same results file."""
+    import copy
+    import re
+
+    from lm_eval.loggers import EvaluationTracker
+
+    from raylm.results.lmeval_output import Layout, write_lmeval_output
+
+    run = results_dict(result(hellaswag()))
+    samples = {"hellaswag": [dict(SAMPLE)]}
+    files = {}
+    for side in ("ours", "theirs"):
+        (tmp_path / side).mkdir()
+        monkeypatch.chdir(tmp_path / side)
+        if side == "ours":
+            layout = Layout.of(output_path, model_args)
+            path = write_lmeval_output(layout, run, copy.deepcopy(samples), model_args, 2.5)
+            assert str(path).startswith(layout.folder) and layout.work_dir.startswith(layout.folder)
+        else:
+            tracker = EvaluationTracker(output_path=output_path)
+            tracker.general_config_tracker.log_experiment_args("hf", model_args, None, None, False)
+            tracker.save_results_aggregated(results=copy.deepcopy(run), samples=copy.deepcopy(samples))
+            tracker.save_results_samples("hellaswag", copy.deepcopy(samples["hellaswag"]))
+        found = sorted(str(p.relative_to(tmp_path / side)) for p in (tmp_path / side).rglob("*") if p.is_file())
+        files[side] = {re.sub(r"\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d\.\d+", "<date>", f): f for f in found}
+    assert list(files["ours"]) == list(files["theirs"]) and len(files["ours"]) == 2, files
+    results_name = next(n for n in files["ours"] if not Path(n).name.startswith("samples_"))
+    ours, theirs = (json.loads((tmp_path / side / files[side][results_name]).read_text()) for side in files)
+    assert ours.pop("total_evaluation_time_seconds") == "2.5"
+    theirs.pop("total_evaluation_time_seconds")
+    assert ours == theirs and ours["task_hashes"]["hellaswag"] and ours["model_source"] == "hf"
+    samples_name = next(n for n in files["ours"] if Path(n).name.startswith("samples_"))
+    assert [(tmp_path / side / files[side][samples_name]).read_text() for side in files] == \
+        [(tmp_path / "theirs" / files["theirs"][samples_name]).read_text()] * 2

@@ -15,12 +15,13 @@ from raylm.cli.contamination import add_contamination_command
 from raylm.cli.corpus import add_corpus_commands
 from raylm.cli.eval import (DEFAULT_SEEDS, add_eval_command, config_from_args, eval_options, eval_parser,
                             run_eval)
-from raylm.cli.lmeval import apply_model_args, translate
+from raylm.cli.lmeval import apply_model_args, apply_output_path, translate
 from raylm.cli.membership import add_membership_command
 from raylm.cli.options import output_dir
 from raylm.cli.probe import add_probe_command
 from raylm.cli.report import add_report_command
 from raylm.cli.sweep import add_sweep_command
+from raylm.data.demo import DEMO_MODEL
 from raylm.errors import RaylmError, RemoteError
 from raylm.storage.atomic import write_atomic
 from raylm.storage.location import location
@@ -52,6 +53,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(translate(argv, eval_options(parser)))
     if args.command == "eval":
         apply_model_args(args, eval_parser(parser))
+        apply_output_path(args, eval_parser(parser), str(DEMO_MODEL) if args.demo else None)
     return args
 
 

@@ -15,7 +15,8 @@ from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.errors import RaylmError
 from raylm.evaluate import evaluate
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS
-from raylm.results.report import format_table, write_results, write_samples
+from raylm.results.lmeval_output import write_lmeval_output
+from raylm.results.report import format_table, logged_samples, results_dict, write_results, write_samples
 from raylm.storage.location import prepare_output
 from raylm.storage.lock import output_lock
 from raylm.tasks import TASKS
@@ -110,6 +111,10 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--data-dir", type=Path, help="a folder with the native tasks' files, laid out as in "
                     "docs/task-options.md (default: the hub)")
     add_output_option(ev, Path("raylm-out"), "results.json and the checkpoint a rerun resumes from")
+    ev.add_argument("--output-path", metavar="DIR|FILE.json",
+                    help="lm-eval's --output_path and its layout: DIR/<model>/results_<date>.json and "
+                         "samples_<task>_<date>.jsonl, or FILE_<date>.json; raylm's own folder (the checkpoint a "
+                         "rerun resumes from) is DIR/<model>/.raylm, or .FILE.raylm beside FILE.json")
     ev.add_argument("--overwrite", action="store_true", help="discard results a different run left in --output")
     ev.add_argument("--log-samples", action="store_true",
                     help="also write per-request samples as Parquet, and every task's as lm-eval's jsonl")
@@ -167,11 +172,15 @@ def run_eval(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     cfg.validate()
     out = prepare_output(args.output)
+    layout = getattr(args, "lmeval_layout", None)
     with output_lock(out):
         result = evaluate(cfg)
         if args.log_samples:
-            write_samples(out, result)
+            write_samples(out, result, sample_logs=layout is None)
         path = write_results(out, result)
+        if layout is not None:
+            path = write_lmeval_output(layout, results_dict(result), logged_samples(result) if args.log_samples
+                                       else None, cfg.model.lmeval_model_args(), result.wall_s)
     print(format_table(result))
     print(f"results written to {path}")
     return 0

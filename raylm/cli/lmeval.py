@@ -17,11 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
+from raylm.cli.options import output_arg
 from raylm.config import parse_batch_size
 from raylm.errors import RaylmError
 
 # lm-eval flag -> raylm flag, where the spelling differs by more than "_" for "-" (which any flag accepts).
-RENAMED = {"--output_path": "--output", "-o": "--output", "-t": "--tasks", "-f": "--num-fewshot",
+RENAMED = {"-o": "--output-path", "-t": "--tasks", "-f": "--num-fewshot",
            "-b": "--batch-size", "-s": "--log-samples", "-L": "--limit", "-a": "--model-args", "-M": "--model",
            "-E": "--samples", "-v": "--verbosity"}
 # lm-eval 0.4.13 flags (`lm_eval run`) raylm does not take, and why: refused by name rather than ignored.
@@ -196,6 +197,24 @@ MODEL_ARGS: dict[str, tuple[str, Callable[[str], Callable[[Any], Any]]]] = {
 }
 # HFLM arguments accepted at the one value that leaves raylm's behaviour as HFLM's.
 ACCEPTED_AT = {"use_fast_tokenizer": True, "backend": "causal", "parallelize": False}
+
+
+def apply_output_path(args: argparse.Namespace, parser: argparse.ArgumentParser, default_model: str | None) -> None:
+    """lm-eval's --output_path: its layout for the results and samples (raylm.results.lmeval_output), and raylm's
+    own output folder (--output: results.json, the checkpoint) beside them, so that the same line resumes."""
+    if args.output_path is None:
+        return
+    if args.output != parser.get_default("output"):
+        raise RaylmError("--output and --output_path: choose one (--output_path writes lm-eval's layout, with "
+                         "raylm's own folder inside it)")
+    model = args.model or default_model
+    if model is None:
+        return  # refused with the rest of the run's settings: --model is required
+    from raylm.results.lmeval_output import Layout
+
+    args.lmeval_layout = Layout.of(args.output_path, {"pretrained": model, **({"peft": args.peft} if args.peft
+                                                                                else {})})
+    args.output = output_arg(args.lmeval_layout.work_dir)
 
 
 def apply_model_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
