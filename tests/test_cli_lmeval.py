@@ -66,6 +66,7 @@ LINES = [
      "'until=[\"\\n\\n\"]' --gen_kwargs do_sample=True,max_gen_toks=32",
      {"tasks": ("gsm8k",), "gen_kwargs": {"temperature": 0.8, "top_p": 0.95, "until": ["\n\n"], "do_sample": True,
                                           "max_gen_toks": 32}}),
+    ("lm_eval --model raylm --model_args pretrained=gpt2 --tasks hellaswag", {"model.path": "gpt2"}),  # RayLM
     ("lm_eval --model_args pretrained=gpt2 --tasks gsm8k --gen_kwargs '{\"max_gen_toks\": 16, \"top_k\": 5}'",
      {"gen_kwargs": {"max_gen_toks": 16, "top_k": 5}}),
 ]
@@ -164,7 +165,7 @@ def test_every_lm_eval_model_type_but_hfs_is_refused_by_name():
     from raylm.cli.lmeval import HF_MODEL_TYPES, other_model_types
 
     assert {"vllm", "sglang", "openai-completions", "local-completions", "gguf"} <= other_model_types()
-    assert other_model_types() | set(HF_MODEL_TYPES) == set(model_registry.keys())
+    assert other_model_types() == set(model_registry.keys()) - set(HF_MODEL_TYPES)
     for model_type in other_model_types():
         for extra in ([], ["--model_args", "pretrained=gpt2"]):
             with pytest.raises(RaylmError, match=f"lm-eval's {model_type} model type"):

@@ -70,8 +70,8 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--model-args", nargs="+", action=PairsAction, metavar="KEY=VALUE",
                     help="lm-eval's --model_args: pretrained=...,dtype=...,revision=...,peft=..., or a JSON object")
     ev.add_argument("--tasks", nargs="+", default=[",".join(TASKS)],
-                    help=f"comma- or space-separated: native ({', '.join(TASKS)}) or any lm-eval task, group, tag or "
-                         "pattern")
+                    help=f"comma- or space-separated: native ({', '.join(TASKS)}) or any lm-eval task, group, tag, "
+                         "pattern or task file (path/to/task.yaml, globs too)")
     ev.add_argument("--include-path", type=Path, help="directory of your own lm-eval task YAMLs (lm-eval's flag)")
     ev.add_argument("--limit", type=_limit, help="first N documents of each task, or below 1 a fraction of them")
     ev.add_argument("--samples", type=read_samples, metavar="JSON|FILE",
@@ -152,13 +152,17 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         raise RaylmError("--load-in-4bit and --load-in-8bit: choose one")
     spec = model_spec(args, model, args.revision, scorer=args.scorer, pll=args.pll, max_length=args.max_length,
                       peft=args.peft, add_bos_token=args.add_bos_token, prefix_token_id=args.prefix_token_id)
-    tasks = task_names(args.tasks)
+    tasks, include_path = task_names(args.tasks), args.include_path
+    if any(name.endswith(".yaml") for name in tasks):
+        from raylm.tasks.lmeval.names import task_files
+
+        tasks, include_path = task_files(tasks, include_path)
     random_seed, numpy_seed, torch_seed, fewshot_seed = args.seed
     chat_args = args.chat_template_args if isinstance(args.chat_template_args, dict) else \
         parse_pairs(args.chat_template_args, "--chat-template-args") if args.chat_template_args else None
     return EvalConfig(spec, tasks, data_dir, args.limit, args.num_fewshot, fewshot_seed, args.batch_size, args.actors,
                       args.shard_size, not args.no_progress, args.output, args.overwrite, args.num_gpus,
-                      include_path=args.include_path, bootstrap_iters=args.bootstrap_iters, random_seed=random_seed,
+                      include_path=include_path, bootstrap_iters=args.bootstrap_iters, random_seed=random_seed,
                       numpy_seed=numpy_seed, torch_seed=torch_seed, log_samples=args.log_samples,
                       decontaminate=args.decontaminate, samples=args.samples,
                       metadata=parse_pairs(args.metadata, "--metadata") if args.metadata else None,

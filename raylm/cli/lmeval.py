@@ -45,7 +45,9 @@ REFUSED = {
     "--config": "reads lm-eval's YAML run config; raylm's equivalent is a sweep file (raylm sweep)",
     "-C": "(--config) reads lm-eval's YAML run config; raylm's equivalent is a sweep file (raylm sweep)",
 }
-HF_MODEL_TYPES = ("hf", "hf-auto", "huggingface")  # lm-eval's names for HFLM, the model raylm evaluates like
+# lm-eval's names for HFLM, the model raylm evaluates like, and raylm's own RayLM (lm-eval's "raylm" once raylm.api is
+# imported), which takes HFLM's arguments.
+HF_MODEL_TYPES = ("hf", "hf-auto", "huggingface", "raylm")
 
 
 def other_model_types() -> frozenset[str]:
