@@ -84,6 +84,9 @@ class EvalConfig:
     chat_template_args: dict[str, Any] | None = None
     # lm-eval's --gen_kwargs: merged into every generate_until task's generation_kwargs, as simple_evaluate does
     gen_kwargs: dict[str, Any] | None = None
+    # lm-eval's --predict_only: its tasks' metrics replaced by "bypass" (responses kept, nothing scored against the
+    # target), their samples logged
+    predict_only: bool = False
 
     def __post_init__(self) -> None:
         # lm-eval evaluates --samples documents in file order whatever order they are listed in, and labels each
@@ -132,6 +135,14 @@ class EvalConfig:
             check_samples(self.samples, self.limit)
         if self.fewshot_as_multiturn and not self.apply_chat_template:
             raise RaylmError("--fewshot-as-multiturn needs --apply-chat-template (as in lm-eval)")
+        if self.predict_only:
+            native = [name for name in self.tasks if name in TASKS]
+            if native:
+                raise RaylmError(f"--predict_only applies to lm-eval tasks; {', '.join(native)} "
+                                 f"{'is a' if len(native) == 1 else 'are'} raylm native task(s), whose metrics "
+                                 "raylm computes: run them without it")
+            if not self.log_samples:
+                raise RaylmError("--predict_only keeps only the samples: it needs log_samples (as lm-eval forces)")
         if self.chat_template_args and not self.apply_chat_template:
             raise RaylmError("chat_template_args apply only with --apply-chat-template")
         if self.gen_kwargs:

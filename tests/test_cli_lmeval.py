@@ -66,6 +66,10 @@ LINES = [
      "'until=[\"\\n\\n\"]' --gen_kwargs do_sample=True,max_gen_toks=32",
      {"tasks": ("gsm8k",), "gen_kwargs": {"temperature": 0.8, "top_p": 0.95, "until": ["\n\n"], "do_sample": True,
                                           "max_gen_toks": 32}}),
+    # lm-eval's --predict_only forces --log_samples (EvaluatorConfig)
+    ("lm_eval --model_args pretrained=gpt2 --tasks arc_easy --predict_only", {"predict_only": True,
+                                                                             "log_samples": True}),
+    ("lm_eval -a pretrained=gpt2 -t arc_easy -x -o out", {"predict_only": True, "log_samples": True}),
     ("lm_eval --model raylm --model_args pretrained=gpt2 --tasks hellaswag", {"model.path": "gpt2"}),  # RayLM
     ("lm_eval --model_args pretrained=gpt2 --tasks gsm8k --gen_kwargs '{\"max_gen_toks\": 16, \"top_k\": 5}'",
      {"gen_kwargs": {"max_gen_toks": 16, "top_k": 5}}),
@@ -73,7 +77,7 @@ LINES = [
 
 REFUSED = [
     ("--model hf --model_args pretrained=gpt2 --tasks gsm8k --gen_kwargs num_beams=4", "num_beams"),
-    ("--model_args pretrained=gpt2 --tasks hellaswag --predict_only", "--predict_only"),
+    ("--model gpt2 --tasks arc_easy,hellaswag --predict_only", "hellaswag is a raylm native task"),
     ("--model_args pretrained=gpt2 --tasks hellaswag --use_cache /tmp/cache", "--use_cache"),
     ("--model_args pretrained=gpt2 --tasks hellaswag --cache_requests true", "--cache_requests"),
     ("--model_args pretrained=gpt2 --tasks hellaswag --max_batch_size 64", "--max_batch_size"),

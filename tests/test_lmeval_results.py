@@ -126,16 +126,18 @@ def variants(local_tasks, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("num_fewshot,bootstrap_iters", [(None, 200), (3, 0)])
+@pytest.mark.parametrize("num_fewshot,bootstrap_iters,predict_only", [(None, 200, False), (3, 0, False),
+                                                                    (None, 200, True)])
 def test_raylms_glue_gives_lm_evals_own_results_for_the_same_scores(variants, num_fewshot, bootstrap_iters,
-                                                                    monkeypatch):
+                                                                    predict_only, monkeypatch):
+    """predict_only: lm-eval's --predict_only, its metrics replaced by "bypass" before the requests are built."""
     # lm-eval's bootstrap forks a multiprocessing pool unless DISABLE_MULTIPROC is set; this process has Ray's and
     # torch's threads, and one fork hung here past the timeout. Its single-process path draws the same replicates
     # (random.Random(i) per chunk of 1,000, in order), so both sides below still get lm-eval's numbers.
     monkeypatch.setenv("DISABLE_MULTIPROC", "1")
     names = ["arc_mi", "arc_ll", "arc_two_shot", "arc_pinned"]
     seeds = (0, 1234, 1234, 1234)
-    built = load_and_build(select(names, variants), seeds, num_fewshot, 12)
+    built = load_and_build(select(names, variants), seeds, num_fewshot, 12, predict_only=predict_only)
     rng = np.random.default_rng(0)
     scores, arguments = {}, {}
     for task in built.tasks["tasks"]:
@@ -143,18 +145,24 @@ def test_raylms_glue_gives_lm_evals_own_results_for_the_same_scores(variants, nu
             scores[(task, r.doc_id, r.idx)] = (float(-rng.gamma(2.0, 10.0)), bool(rng.random() < 0.2))
             arguments[(task, r.doc_id, r.idx)] = r.arguments
     unconditional = [a for (t, d, _), a in arguments.items() if t == "arc_mi" and d == 0 and a[0] == ""]
-    assert len(unconditional) == 4  # one ("", " choice") request per choice, after the conditional ones
+    # one ("", " choice") request per choice, after the conditional ones, for acc_mutual_info alone
+    assert len(unconditional) == (0 if predict_only else 4)
     ours = results(built, scores, bootstrap_iters)
     theirs = lm_eval.simple_evaluate(model=ReplayLM(scores, arguments), tasks=names,
                                      task_manager=tasks_only(variants), num_fewshot=num_fewshot,
                                      limit=12, bootstrap_iters=bootstrap_iters, random_seed=seeds[0],
                                      numpy_random_seed=seeds[1], torch_random_seed=seeds[2],
-                                     fewshot_random_seed=seeds[3])
+                                     fewshot_random_seed=seeds[3], predict_only=predict_only)
     for key in ("results", "group_subtasks", "configs", "versions", "n-shot", "higher_is_better", "n-samples",
                 "samples"):
         assert json.dumps(ours[key], default=handle_non_serializable) == \
             json.dumps(theirs[key], default=handle_non_serializable), key
     assert theirs["n-shot"]["arc_pinned"] == 0 and theirs["n-shot"]["arc_two_shot"] == (num_fewshot or 2)
+    if predict_only:
+        # lm-eval 0.4.13 reports no metric at all for "bypass"; the samples hold every response
+        assert all(set(metrics) == {"name", "alias", "sample_len"} for metrics in ours["results"].values())
+        assert all(len(samples) == 12 and samples[0]["resps"] for samples in ours["samples"].values())
+        return
     stderr = ours["results"]["arc_ll"]["perplexity_stderr,none"]
     assert stderr == "N/A" if bootstrap_iters == 0 else isinstance(stderr, float)
 

@@ -118,6 +118,9 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--overwrite", action="store_true", help="discard results a different run left in --output")
     ev.add_argument("--log-samples", action="store_true",
                     help="also write per-request samples as Parquet, and every task's as lm-eval's jsonl")
+    ev.add_argument("--predict-only", action="store_true",
+                    help="lm-eval's --predict_only: responses and samples only, lm-eval tasks' metrics replaced by "
+                         "its 'bypass' (implies --log-samples)")
     ev.add_argument("--seed", type=_seeds, default=DEFAULT_SEEDS,
                     help="lm-eval's --seed: S for all of random,numpy,torch,fewshot, or four values "
                          f"(default {','.join(map(str, DEFAULT_SEEDS))})")
@@ -163,8 +166,9 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
     return EvalConfig(spec, tasks, data_dir, args.limit, args.num_fewshot, fewshot_seed, args.batch_size, args.actors,
                       args.shard_size, not args.no_progress, args.output, args.overwrite, args.num_gpus,
                       include_path=include_path, bootstrap_iters=args.bootstrap_iters, random_seed=random_seed,
-                      numpy_seed=numpy_seed, torch_seed=torch_seed, log_samples=args.log_samples,
-                      decontaminate=args.decontaminate, samples=args.samples,
+                      numpy_seed=numpy_seed, torch_seed=torch_seed,
+                      log_samples=args.log_samples or args.predict_only,  # lm-eval forces it so
+                      decontaminate=args.decontaminate, samples=args.samples, predict_only=args.predict_only,
                       metadata=parse_pairs(args.metadata, "--metadata") if args.metadata else None,
                       apply_chat_template=args.apply_chat_template, fewshot_as_multiturn=args.fewshot_as_multiturn,
                       system_instruction=args.system_instruction, chat_template_args=chat_args,
@@ -179,11 +183,11 @@ def run_eval(args: argparse.Namespace) -> int:
     layout = getattr(args, "lmeval_layout", None)
     with output_lock(out):
         result = evaluate(cfg)
-        if args.log_samples:
+        if cfg.log_samples:
             write_samples(out, result, sample_logs=layout is None)
         path = write_results(out, result)
         if layout is not None:
-            path = write_lmeval_output(layout, results_dict(result), logged_samples(result) if args.log_samples
+            path = write_lmeval_output(layout, results_dict(result), logged_samples(result) if cfg.log_samples
                                        else None, cfg.model.lmeval_model_args(), result.wall_s)
     print(format_table(result))
     print(f"results written to {path}")

@@ -24,11 +24,9 @@ from raylm.errors import RaylmError
 # lm-eval flag -> raylm flag, where the spelling differs by more than "_" for "-" (which any flag accepts).
 RENAMED = {"-o": "--output-path", "-t": "--tasks", "-f": "--num-fewshot",
            "-b": "--batch-size", "-s": "--log-samples", "-L": "--limit", "-a": "--model-args", "-M": "--model",
-           "-E": "--samples", "-v": "--verbosity"}
+           "-E": "--samples", "-v": "--verbosity", "-x": "--predict-only"}
 # lm-eval 0.4.13 flags (`lm_eval run`) raylm does not take, and why: refused by name rather than ignored.
 REFUSED = {
-    "--predict_only": "skips metrics; raylm always computes them (--log-samples keeps every prediction)",
-    "-x": "(--predict_only) skips metrics; raylm always computes them (--log-samples keeps every prediction)",
     "--use_cache": "caches model responses in SQLite; raylm resumes from its own checkpoint under --output",
     "-c": "(--use_cache) caches model responses in SQLite; raylm resumes from its own checkpoint under --output",
     "--cache_requests": "caches built requests; raylm rebuilds them each run (and checkpoints their scores)",
