@@ -81,7 +81,6 @@ REFUSED = [
     ("--model_args pretrained=gpt2 --tasks hellaswag --use_cache /tmp/cache", "--use_cache"),
     ("--model_args pretrained=gpt2 --tasks hellaswag --cache_requests true", "--cache_requests"),
     ("--model_args pretrained=gpt2 --tasks hellaswag --max_batch_size 64", "--max_batch_size"),
-    ("--model_args pretrained=gpt2 --tasks hellaswag --wandb_args project=x", "--wandb_args"),
     ("--model_args pretrained=gpt2 --tasks hellaswag --write_out", "--write_out"),
     ("--model vllm --model_args pretrained=gpt2 --tasks hellaswag", "lm-eval's vllm model type"),
     ("--model sglang --tasks hellaswag", "lm-eval's sglang model type"),
@@ -214,3 +213,15 @@ def test_verbosity_reaches_lm_evals_logger_as_lm_eval_sets_it(lm_eval_logger, mo
     assert main(["eval", *argv, "--fewshot_as_multiturn"]) == 2
     assert lm_eval_logger.level == theirs == logging.DEBUG
     assert "needs --apply-chat-template" in capsys.readouterr().err
+
+
+def test_wandb_args_are_read_as_lm_evals_own_parser_reads_them():
+    """The dicts lm-eval hands WandbLogger (wandb.init's arguments, the config's): raylm's run hands over the same."""
+    from raylm.cli.lmeval import parse_pairs
+
+    argv = ["--model_args", "pretrained=gpt2", "--tasks", "hellaswag", "--wandb_args", "project=p,name=run 1",
+            "job_type=eval", "--wandb_config_args", "suite=lm,shots=5"]
+    theirs, args = lm_evals_run_args(argv), parse_args(["eval", *argv])
+    assert parse_pairs(args.wandb_args, "") == theirs.wandb_args == {"project": "p", "name": "run 1",
+                                                                     "job_type": "eval"}
+    assert parse_pairs(args.wandb_config_args, "") == theirs.wandb_config_args == {"suite": "lm", "shots": 5}

@@ -16,6 +16,7 @@ from raylm.errors import RaylmError
 from raylm.evaluate import evaluate
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS
 from raylm.results.lmeval_output import write_lmeval_output
+from raylm.results.wandb_log import log_to_wandb, require_wandb
 from raylm.results.report import format_table, logged_samples, results_dict, write_results, write_samples
 from raylm.storage.location import prepare_output
 from raylm.storage.lock import output_lock
@@ -121,6 +122,11 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--predict-only", action="store_true",
                     help="lm-eval's --predict_only: responses and samples only, lm-eval tasks' metrics replaced by "
                          "its 'bypass' (implies --log-samples)")
+    ev.add_argument("--wandb-args", nargs="+", action=PairsAction, metavar="KEY=VALUE",
+                    help="lm-eval's --wandb_args: log the results (and samples) to Weights & Biases through lm-eval's "
+                         "WandbLogger, these being wandb.init's arguments (pip install 'raylm[wandb]')")
+    ev.add_argument("--wandb-config-args", nargs="+", action=PairsAction, metavar="KEY=VALUE",
+                    help="lm-eval's --wandb_config_args: added to the W&B run's config")
     ev.add_argument("--seed", type=_seeds, default=DEFAULT_SEEDS,
                     help="lm-eval's --seed: S for all of random,numpy,torch,fewshot, or four values "
                          f"(default {','.join(map(str, DEFAULT_SEEDS))})")
@@ -181,6 +187,11 @@ def run_eval(args: argparse.Namespace) -> int:
     cfg.validate()
     out = prepare_output(args.output)
     layout = getattr(args, "lmeval_layout", None)
+    wandb = (parse_pairs(args.wandb_args, "--wandb_args"),
+             parse_pairs(args.wandb_config_args, "--wandb_config_args") if args.wandb_config_args else None) \
+        if args.wandb_args else None
+    if wandb is not None:
+        require_wandb()
     with output_lock(out):
         result = evaluate(cfg)
         if cfg.log_samples:
@@ -189,6 +200,8 @@ def run_eval(args: argparse.Namespace) -> int:
         if layout is not None:
             path = write_lmeval_output(layout, results_dict(result), logged_samples(result) if cfg.log_samples
                                        else None, cfg.model.lmeval_model_args(), result.wall_s)
+    if wandb is not None:  # after the results are on disk, as lm-eval logs them
+        log_to_wandb(*wandb, results_dict(result), logged_samples(result) if cfg.log_samples else None)
     print(format_table(result))
     print(f"results written to {path}")
     return 0

@@ -35,8 +35,6 @@ REFUSED = {
     "-w": "(--write_out) prints prompts; raylm's --log-samples writes every request's strings",
     "--show_config": "prints the task configs; raylm writes them to results.json (configs)",
     "--max_batch_size": "caps lm-eval's auto batch size; raylm's --batch-size auto fills a token budget",
-    "--wandb_args": "logs to Weights & Biases, which raylm does not do",
-    "--wandb_config_args": "logs to Weights & Biases, which raylm does not do",
     "--trackio_args": "logs to Trackio, which raylm does not do",
     "--hf_hub_log_args": "pushes results to the Hugging Face hub, which raylm does not do",
     "--confirm_run_unsafe_code": "runs tasks that execute code; raylm refuses such tasks",
