@@ -225,3 +225,30 @@ def test_wandb_args_are_read_as_lm_evals_own_parser_reads_them():
     assert parse_pairs(args.wandb_args, "") == theirs.wandb_args == {"project": "p", "name": "run 1",
                                                                      "job_type": "eval"}
     assert parse_pairs(args.wandb_config_args, "") == theirs.wandb_config_args == {"suite": "lm", "shots": 5}
+
+
+def test_device_cuda_n_places_one_actor_on_that_gpu_of_the_one_machine():
+    """lm-eval's --device cuda:1 is GPU 1 of this machine: raylm's one actor gets the spec with cuda:1, and Ray
+    leaves the machine's GPUs visible to it (Ray would otherwise renumber the one GPU it hands the actor cuda:0)."""
+    from dataclasses import replace
+
+    from raylm.cluster.capacity import HEAD_RESOURCE, Capacity
+    from raylm.cluster.runtime import plan_actors
+
+    argv = ["--model_args", "pretrained=gpt2", "--tasks", "hellaswag", "--device", "cuda:1"]
+    assert lm_evals_run_args(argv).device == "cuda:1"
+    spec = settings("lm_eval eval " + shlex.join(argv))[1].model
+    machine = Capacity(({"CPU": 8.0, "GPU": 2.0, HEAD_RESOURCE: 1.0},), (), "the Ray raylm started on this machine")
+    recipe, n = plan_actors(spec, None, None, capacity=machine)
+    assert n == 1 and recipe.spec == replace(spec, device="cuda:1") and recipe.options() == {
+        "num_cpus": 0.5, "num_gpus": 1.0,
+        "runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}}
+    assert plan_actors(replace(spec, device="cuda"), None, None, capacity=machine)[0].options() == {
+        "num_cpus": 0.5, "num_gpus": 1.0}  # --device cuda: the GPUs Ray gives each actor
+    for device, actors, capacity, message in (
+            ("cuda:2", None, machine, r"this machine has 2 GPU\(s\)"),
+            ("cuda:1", 2, machine, "one GPU for one actor"),
+            ("cuda:0", None, Capacity(machine.live * 2, (), "x"), "names one GPU of one machine"),
+            ("cuda:0", None, Capacity(machine.live, None, ""), "names one GPU of one machine")):
+        with pytest.raises(RaylmError, match=message):
+            plan_actors(replace(spec, device=device), actors, None, capacity=capacity)
