@@ -26,12 +26,27 @@ DEFAULT_BOOTSTRAP_ITERS = 100000  # lm_eval.simple_evaluate's default
 
 def parse_batch_size(value: int | str | None, what: str = "batch_size") -> int | None:
     """lm-eval's batch_size ("auto", "auto:N", N) as raylm's: None fills a token budget, N caps requests per batch.
-    The one reading of it for the command line, sweep files and RayLM's model_args."""
-    if value is None or str(value).startswith("auto"):
+    The one reading of it for the command line, sweep files and RayLM's model_args.
+
+    lm-eval's HFLM reads auto:N as a schedule: it splits its length-sorted requests into N equal parts and detects
+    the largest batch that fits at the start of each. raylm's token budget sizes every batch to its own requests,
+    which is auto:N with N as large as the number of batches, so auto:N is raylm's auto; N is checked as HFLM
+    reads it (a number above 0: HFLM divides by it)."""
+    text = "" if value is None else str(value)
+    mode, colon, schedule = text.partition(":")
+    if value is None or text == "auto":
         return None
-    if not str(value).isdigit() or int(value) < 1:
+    if mode == "auto" and colon:
+        try:
+            if float(schedule) > 0:
+                return None
+        except ValueError:
+            pass
+        raise RaylmError(f"{what + ' ' if what else ''}auto:N needs N, the times lm-eval re-detects its batch size, "
+                         f"to be a number above 0, got {value!r}")
+    if not text.isdigit() or int(text) < 1:
         raise RaylmError(f"{what + ' ' if what else ''}must be 'auto' or a positive integer, got {value!r}")
-    return int(value)
+    return int(text)
 
 
 @dataclass(frozen=True)
@@ -72,6 +87,9 @@ class EvalConfig:
     chat_template_args: dict[str, Any] | None = None
     # lm-eval's --gen_kwargs: merged into every generate_until task's generation_kwargs, as simple_evaluate does
     gen_kwargs: dict[str, Any] | None = None
+    # lm-eval's --predict_only: its tasks' metrics replaced by "bypass" (responses kept, nothing scored against the
+    # target), their samples logged
+    predict_only: bool = False
 
     def __post_init__(self) -> None:
         # lm-eval evaluates --samples documents in file order whatever order they are listed in, and labels each
@@ -120,6 +138,14 @@ class EvalConfig:
             check_samples(self.samples, self.limit)
         if self.fewshot_as_multiturn and not self.apply_chat_template:
             raise RaylmError("--fewshot-as-multiturn needs --apply-chat-template (as in lm-eval)")
+        if self.predict_only:
+            native = [name for name in self.tasks if name in TASKS]
+            if native:
+                raise RaylmError(f"--predict_only applies to lm-eval tasks; {', '.join(native)} "
+                                 f"{'is a' if len(native) == 1 else 'are'} raylm native task(s), whose metrics "
+                                 "raylm computes: run them without it")
+            if not self.log_samples:
+                raise RaylmError("--predict_only keeps only the samples: it needs log_samples (as lm-eval forces)")
         if self.chat_template_args and not self.apply_chat_template:
             raise RaylmError("chat_template_args apply only with --apply-chat-template")
         if self.gen_kwargs:

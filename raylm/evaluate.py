@@ -127,7 +127,8 @@ def run_lmeval_requests(cfg: EvalConfig, selection: Selection, encoder: Encoder 
 
     return build_lmeval_requests(selection, encoder, prompt, tasks=cfg.tasks, seeds=cfg.seeds,
                                  num_fewshot=cfg.num_fewshot, limit=cfg.limit, samples=cfg.samples,
-                                 gen_kwargs=cfg.gen_kwargs, sampling=lambda: driver_sampling(cfg.model))
+                                 gen_kwargs=cfg.gen_kwargs, sampling=lambda: driver_sampling(cfg.model),
+                                 predict_only=cfg.predict_only)
 
 
 def run_settings(cfg: EvalConfig) -> dict[str, Any]:

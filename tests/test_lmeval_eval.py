@@ -19,7 +19,7 @@ import ray
 from conftest import DATA, STORIES, tasks_only
 from fixture_data import ZERO_SHOT, read_golden
 from lm_eval.result_schema import EvalResults
-from lm_eval.utils import make_table
+from lm_eval.utils import get_file_task_name, make_table, sanitize_model_name
 from pydantic import TypeAdapter, ValidationError
 
 from raylm.api import RayLM
@@ -65,11 +65,32 @@ def eval_args(local_tasks, out, *extra: str) -> list[str]:
 def cli_run(ray_session, tasks_dir, tmp_path_factory):
     """The command line through main() on the session's Ray: a process and a Ray of its own would prove nothing
     the demo's and the error tests' CLI runs (tests/test_cli.py) do not."""
-    out = tmp_path_factory.mktemp("lmeval-cli") / "out"
+    lmeval_out = tmp_path_factory.mktemp("lmeval-cli") / "out"
+    # lm-eval's W&B logging in W&B's offline mode: the run's files stay in the test's own folder
+    wandb_dir = lmeval_out.parent / "wandb-dir"
+    wandb_dir.mkdir()
+    argv = eval_args(tasks_dir, lmeval_out, "--log-samples", "--wandb_args", "project=raylm-tests,mode=offline",
+                     f"dir={wandb_dir}", "--wandb_config_args", "suite=lmeval")
+    argv[argv.index("--output")] = "--output_path"  # lm-eval's layout, raylm's own folder inside it
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        assert main(eval_args(tasks_dir, out, "--log-samples")) == 0
+        assert main(argv) == 0
+    out = lmeval_out / sanitize_model_name(str(STORIES)) / ".raylm"
     return printed.getvalue(), out, json.loads((out / "results.json").read_text())
+
+
+def test_wandb_args_log_lm_evals_tables_through_its_own_logger(cli_run):
+    """--wandb_args: lm-eval's WandbLogger logged the results table, every task's metrics and samples, offline."""
+    _, out, results = cli_run
+    [run_dir] = (out.parents[2] / "wandb-dir" / "wandb").glob("offline-run-*")
+    [table_file] = (run_dir / "files" / "media" / "table" / "evaluation").glob("eval_results_*.table.json")
+    table = json.loads(table_file.read_text())
+    assert table["columns"] == ["Tasks", "Version", "Filter", "num_fewshot", "Metric", "Value", "Stderr"]
+    rows = {(row[0], row[4]): row[5] for row in table["data"]}
+    assert rows[("arc_easy_local", "acc")] == str(results["results"]["arc_easy_local"]["acc,none"])
+    assert rows[("wikitext", "word_perplexity")] == str(results["results"]["wikitext"]["word_perplexity,none"])
+    logged = (run_dir / f"run-{run_dir.name.rsplit('-', 1)[1]}.wandb").read_bytes()  # W&B's record log
+    assert b"arc_easy_local/acc" in logged and b"suite" in logged and b"arc_easy_local_eval_results" in logged
 
 
 def test_results_json_has_lm_evals_full_shape_for_native_and_lm_eval_tasks(cli_run):
@@ -166,6 +187,15 @@ def test_log_samples_writes_lm_evals_logged_fields_per_request_and_document(cli_
     native = pq.read_table(out / "samples" / "hellaswag_docs.parquet")
     assert native.num_rows == LIMIT  # native, as before, each document with its content's hash (raylm compare)
     assert len(set(native["doc_hash"].to_pylist())) == LIMIT
+    # --output_path: lm-eval's own files where its tooling globs them, beside raylm's folder (no jsonl inside it)
+    [results_file] = out.parent.glob("results_*.json")
+    logs = {get_file_task_name(p.name): p for p in out.parent.glob("samples_*.jsonl")}
+    assert sorted(logs) == sorted(results["configs"]) and not list(out.rglob("*.jsonl"))
+    assert {p.stem.rsplit("_", 1)[1] for p in logs.values()} == {results_file.stem.rsplit("_", 1)[1]}
+    theirs = json.loads(results_file.read_text())
+    assert theirs["results"] == results["results"] and set(theirs["task_hashes"]) == set(logs)
+    assert theirs["model_name_sanitized"] == out.parent.name and theirs["model_source"] == "hf"
+    assert len(logs["arc_easy_local"].read_text().splitlines()) == LIMIT
 
 
 @pytest.fixture(scope="module")

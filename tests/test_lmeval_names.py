@@ -275,3 +275,46 @@ def test_a_kept_index_that_cannot_be_read_is_built_and_kept_again(tmp_path, monk
         assert "cannot be read" in caplog.text and "indexing the tasks again" in caplog.text
         assert index_cache._decode(kept.read_text()) == built
         caplog.clear()
+
+
+def test_a_task_file_in_tasks_is_the_task_lm_evals_cli_loads_from_it(local_tasks, monkeypatch):
+    """`--tasks DIR/x.yaml`: lm-eval's CLI (EvaluatorConfig.process_tasks) loads the file's config; raylm names its
+    task with the folder as --include-path, and the task loaded is the same, config for config (but for where
+    it says the config came from)."""
+    import lm_eval.tasks
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    from raylm.cli import config_from_args, parse_args
+
+    path = local_tasks / "arc_easy_local.yaml"
+    # the file alone decides lm-eval's task; its manager is asked nothing, so it need not index lm-eval's own tasks
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda **kw: TaskManager(include_defaults=False, **kw))
+    theirs = EvaluatorConfig(tasks=[str(path)])
+    manager = theirs.process_tasks()
+    cfg = config_from_args(parse_args(["eval", "--model", str(STORIES), "--tasks", f"{path},hellaswag"]))
+    assert cfg.tasks == ("arc_easy_local", "hellaswag") and cfg.include_path == local_tasks.resolve()
+    ours = select(["arc_easy_local"], cfg.include_path)
+    assert ours.names == ["arc_easy_local"]
+    [their_task] = manager.load(theirs.tasks)["tasks"].values()
+    our_config = ours.manager.load(ours.names)["tasks"]["arc_easy_local"].dump_config()
+    their_config = their_task.dump_config()
+    # where the config came from: lm-eval says "inline" for a config handed over as a dict, raylm names the file
+    assert our_config["metadata"].pop("config_source") == str(path)
+    assert their_config["metadata"].pop("config_source") == "inline"
+    assert our_config == their_config
+
+
+def test_task_files_raylm_cannot_read_as_lm_eval_does_are_refused_in_one_line(local_tasks, tmp_path):
+    from raylm.tasks.lmeval.names import task_files
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "mine.yaml").write_text(f"task: mine\ninclude: {local_tasks / 'arc_easy_local.yaml'}\n")
+    (tmp_path / "a" / "again.yaml").write_text(f"task: mine\ninclude: {local_tasks / 'arc_easy_local.yaml'}\n")
+    (tmp_path / "b.yaml").write_text("task: [")
+    for names, include, message in (
+            ([str(tmp_path / "a" / "mine.yaml")], None, "defines 'mine' again"),
+            ([str(tmp_path / "none*.yaml")], None, "no such task file"),
+            ([str(tmp_path / "b.yaml")], None, "not a task file lm-eval can read"),
+            ([str(local_tasks / "arc_easy_local.yaml")], tmp_path, "span 2 folders")):
+        with pytest.raises(RaylmError, match=message):
+            task_files(names, include)

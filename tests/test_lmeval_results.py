@@ -9,6 +9,7 @@ import json
 import math
 import multiprocessing
 import sys
+from pathlib import Path
 
 import lm_eval
 import numpy as np
@@ -131,15 +132,17 @@ def variants(local_tasks, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("num_fewshot,bootstrap_iters", [(None, 200), (3, 0)])
+@pytest.mark.parametrize("num_fewshot,bootstrap_iters,predict_only", [(None, 200, False), (3, 0, False),
+                                                                    (None, 200, True)])
 def test_raylms_glue_gives_lm_evals_own_results_for_the_same_scores(variants, num_fewshot, bootstrap_iters,
-                                                                    monkeypatch):
+                                                                    predict_only, monkeypatch):
+    """predict_only: lm-eval's --predict_only, its metrics replaced by "bypass" before the requests are built."""
     # lm-eval's bootstrap (arc_ll's perplexity stderr, on both sides below) must not fork a pool from this process,
     # which holds Ray's and torch's threads: importing raylm's lm-eval layer turns the pool off (raylm.tasks.lmeval).
     monkeypatch.setattr(multiprocessing, "Pool", forbidden_pool)
     names = ["arc_mi", "arc_ll", "arc_two_shot", "arc_pinned"]
     seeds = (0, 1234, 1234, 1234)
-    built = load_and_build(select(names, variants), seeds, num_fewshot, 12)
+    built = load_and_build(select(names, variants), seeds, num_fewshot, 12, predict_only=predict_only)
     rng = np.random.default_rng(0)
     scores, arguments = {}, {}
     for task in built.tasks["tasks"]:
@@ -147,17 +150,72 @@ def test_raylms_glue_gives_lm_evals_own_results_for_the_same_scores(variants, nu
             scores[(task, r.doc_id, r.idx)] = (float(-rng.gamma(2.0, 10.0)), bool(rng.random() < 0.2))
             arguments[(task, r.doc_id, r.idx)] = r.arguments
     unconditional = [a for (t, d, _), a in arguments.items() if t == "arc_mi" and d == 0 and a[0] == ""]
-    assert len(unconditional) == 4  # one ("", " choice") request per choice, after the conditional ones
+    # one ("", " choice") request per choice, after the conditional ones, for acc_mutual_info alone
+    assert len(unconditional) == (0 if predict_only else 4)
     ours = results(built, scores, bootstrap_iters)
     theirs = lm_eval.simple_evaluate(model=ReplayLM(scores, arguments), tasks=names,
                                      task_manager=tasks_only(variants), num_fewshot=num_fewshot,
                                      limit=12, bootstrap_iters=bootstrap_iters, random_seed=seeds[0],
                                      numpy_random_seed=seeds[1], torch_random_seed=seeds[2],
-                                     fewshot_random_seed=seeds[3])
+                                     fewshot_random_seed=seeds[3], predict_only=predict_only)
     for key in ("results", "group_subtasks", "configs", "versions", "n-shot", "higher_is_better", "n-samples",
                 "samples"):
         assert json.dumps(ours[key], default=handle_non_serializable) == \
             json.dumps(theirs[key], default=handle_non_serializable), key
     assert theirs["n-shot"]["arc_pinned"] == 0 and theirs["n-shot"]["arc_two_shot"] == (num_fewshot or 2)
+    if predict_only:
+        # lm-eval 0.4.13 reports no metric at all for "bypass"; the samples hold every response
+        assert all(set(metrics) == {"name", "alias", "sample_len"} for metrics in ours["results"].values())
+        assert all(len(samples) == 12 and samples[0]["resps"] for samples in ours["samples"].values())
+        return
     stderr = ours["results"]["arc_ll"]["perplexity_stderr,none"]
     assert stderr == "N/A" if bootstrap_iters == 0 else isinstance(stderr, float)
+
+
+SAMPLE = {"doc_id": 0, "doc": {"q": "?"}, "target": 1, "arguments": [("Q:", " a"), ("Q:", " b")],
+          "resps": [[(-1.5, False)], [(-0.5, True)]], "filtered_resps": [(-1.5, False), (-0.5, True)],
+          "filter": "none", "metrics": ["acc"], "doc_hash": "d", "prompt_hash": "p", "target_hash": "t", "acc": 1.0}
+
+
+@pytest.mark.parametrize("output_path,model_args", [
+    ("out", {"pretrained": "EleutherAI/pythia-160m"}),
+    ("out/", {"pretrained": "huggyllama/llama-7b", "peft": "tloen/alpaca-lora-7b"}),  # lm-eval names the adapter
+    ("runs/pythia.json", {"pretrained": "EleutherAI/pythia-160m", "dtype": "float32"}),
+])
+def test_output_path_files_are_named_and_filled_as_lm_evals_tracker_does(output_path, model_args, tmp_path,
+                                                                          monkeypatch):
+    """--output_path through raylm's writer and through lm-eval's EvaluationTracker as its CLI drives it, in two
+    folders: the same file names (dates aside) and, but for the evaluation time, the same results file."""
+    import copy
+    import re
+
+    from lm_eval.loggers import EvaluationTracker
+
+    from raylm.results.lmeval_output import Layout, write_lmeval_output
+
+    run = results_dict(result(hellaswag()))
+    samples = {"hellaswag": [dict(SAMPLE)]}
+    files = {}
+    for side in ("ours", "theirs"):
+        (tmp_path / side).mkdir()
+        monkeypatch.chdir(tmp_path / side)
+        if side == "ours":
+            layout = Layout.of(output_path, model_args)
+            path = write_lmeval_output(layout, run, copy.deepcopy(samples), model_args, 2.5)
+            assert str(path).startswith(layout.folder) and layout.work_dir.startswith(layout.folder)
+        else:
+            tracker = EvaluationTracker(output_path=output_path)
+            tracker.general_config_tracker.log_experiment_args("hf", model_args, None, None, False)
+            tracker.save_results_aggregated(results=copy.deepcopy(run), samples=copy.deepcopy(samples))
+            tracker.save_results_samples("hellaswag", copy.deepcopy(samples["hellaswag"]))
+        found = sorted(str(p.relative_to(tmp_path / side)) for p in (tmp_path / side).rglob("*") if p.is_file())
+        files[side] = {re.sub(r"\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d\.\d+", "<date>", f): f for f in found}
+    assert list(files["ours"]) == list(files["theirs"]) and len(files["ours"]) == 2, files
+    results_name = next(n for n in files["ours"] if not Path(n).name.startswith("samples_"))
+    ours, theirs = (json.loads((tmp_path / side / files[side][results_name]).read_text()) for side in files)
+    assert ours.pop("total_evaluation_time_seconds") == "2.5"
+    theirs.pop("total_evaluation_time_seconds")
+    assert ours == theirs and ours["task_hashes"]["hellaswag"] and ours["model_source"] == "hf"
+    samples_name = next(n for n in files["ours"] if Path(n).name.startswith("samples_"))
+    assert [(tmp_path / side / files[side][samples_name]).read_text() for side in files] == \
+        [(tmp_path / "theirs" / files["theirs"][samples_name]).read_text()] * 2

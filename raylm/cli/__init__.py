@@ -15,12 +15,13 @@ from raylm.cli.contamination import add_contamination_command
 from raylm.cli.corpus import add_corpus_commands
 from raylm.cli.eval import (DEFAULT_SEEDS, add_eval_command, config_from_args, eval_options, eval_parser,
                             run_eval)
-from raylm.cli.lmeval import apply_model_args, translate
+from raylm.cli.lmeval import apply_model_args, apply_output_path, translate
 from raylm.cli.membership import add_membership_command
 from raylm.cli.options import output_dir
 from raylm.cli.probe import add_probe_command
 from raylm.cli.report import add_report_command
 from raylm.cli.sweep import add_sweep_command
+from raylm.data.demo import DEMO_MODEL
 from raylm.errors import RaylmError, RemoteError
 from raylm.storage.atomic import write_atomic
 from raylm.storage.location import location
@@ -52,6 +53,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(translate(argv, eval_options(parser)))
     if args.command == "eval":
         apply_model_args(args, eval_parser(parser))
+        apply_output_path(args, eval_parser(parser), str(DEMO_MODEL) if args.demo else None)
     return args
 
 
@@ -67,6 +69,17 @@ def error_message(error: RaylmError, out: Path | str) -> str:
     return f"{error} (full traceback in {path})"
 
 
+def set_verbosity(level: str) -> None:
+    """--verbosity for raylm's logs and, as lm-eval's own CLI sets it (simple_evaluate's setup_logging), for
+    lm-eval's "lm_eval" logger, LMEVAL_LOG_LEVEL overriding it as there."""
+    logging.getLogger().setLevel(level)
+    try:
+        from lm_eval.utils import setup_logging
+    except ImportError:
+        return
+    setup_logging(verbosity=level)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # lm-eval narrates every task it loads and builds at INFO (57 of them for MMLU); its warnings still show.
@@ -77,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"raylm: error: {e}", file=sys.stderr)
         return 2
     if args.command == "eval" and args.verbosity:
-        logging.getLogger().setLevel(args.verbosity)
+        set_verbosity(args.verbosity)
     try:
         return getattr(args, "run", run_eval)(args)
     except RaylmError as e:

@@ -15,7 +15,9 @@ from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.errors import RaylmError
 from raylm.evaluate import evaluate
 from raylm.requests.shards import DEFAULT_SHARD_REQUESTS
-from raylm.results.report import format_table, write_results, write_samples
+from raylm.results.lmeval_output import write_lmeval_output
+from raylm.results.wandb_log import log_to_wandb, require_wandb
+from raylm.results.report import format_table, logged_samples, results_dict, write_results, write_samples
 from raylm.storage.location import prepare_output
 from raylm.storage.lock import output_lock
 from raylm.tasks import TASKS
@@ -69,8 +71,8 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--model-args", nargs="+", action=PairsAction, metavar="KEY=VALUE",
                     help="lm-eval's --model_args: pretrained=...,dtype=...,revision=...,peft=..., or a JSON object")
     ev.add_argument("--tasks", nargs="+", default=[",".join(TASKS)],
-                    help=f"comma- or space-separated: native ({', '.join(TASKS)}) or any lm-eval task, group, tag or "
-                         "pattern")
+                    help=f"comma- or space-separated: native ({', '.join(TASKS)}) or any lm-eval task, group, tag, "
+                         "pattern or task file (path/to/task.yaml, globs too)")
     ev.add_argument("--include-path", type=Path, help="directory of your own lm-eval task YAMLs (lm-eval's flag)")
     ev.add_argument("--limit", type=_limit, help="first N documents of each task, or below 1 a fraction of them")
     ev.add_argument("--samples", type=read_samples, metavar="JSON|FILE",
@@ -110,9 +112,21 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--data-dir", type=Path, help="a folder with the native tasks' files, laid out as in "
                     "docs/task-options.md (default: the hub)")
     add_output_option(ev, Path("raylm-out"), "results.json and the checkpoint a rerun resumes from")
+    ev.add_argument("--output-path", metavar="DIR|FILE.json",
+                    help="lm-eval's --output_path and its layout: DIR/<model>/results_<date>.json and "
+                         "samples_<task>_<date>.jsonl, or FILE_<date>.json; raylm's own folder (the checkpoint a "
+                         "rerun resumes from) is DIR/<model>/.raylm, or .FILE.raylm beside FILE.json")
     ev.add_argument("--overwrite", action="store_true", help="discard results a different run left in --output")
     ev.add_argument("--log-samples", action="store_true",
                     help="also write per-request samples as Parquet, and every task's as lm-eval's jsonl")
+    ev.add_argument("--predict-only", action="store_true",
+                    help="lm-eval's --predict_only: responses and samples only, lm-eval tasks' metrics replaced by "
+                         "its 'bypass' (implies --log-samples)")
+    ev.add_argument("--wandb-args", nargs="+", action=PairsAction, metavar="KEY=VALUE",
+                    help="lm-eval's --wandb_args: log the results (and samples) to Weights & Biases through lm-eval's "
+                         "WandbLogger, these being wandb.init's arguments (pip install 'raylm[wandb]')")
+    ev.add_argument("--wandb-config-args", nargs="+", action=PairsAction, metavar="KEY=VALUE",
+                    help="lm-eval's --wandb_config_args: added to the W&B run's config")
     ev.add_argument("--seed", type=_seeds, default=DEFAULT_SEEDS,
                     help="lm-eval's --seed: S for all of random,numpy,torch,fewshot, or four values "
                          f"(default {','.join(map(str, DEFAULT_SEEDS))})")
@@ -147,15 +161,20 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         raise RaylmError("--load-in-4bit and --load-in-8bit: choose one")
     spec = model_spec(args, model, args.revision, scorer=args.scorer, pll=args.pll, max_length=args.max_length,
                       peft=args.peft, add_bos_token=args.add_bos_token, prefix_token_id=args.prefix_token_id)
-    tasks = task_names(args.tasks)
+    tasks, include_path = task_names(args.tasks), args.include_path
+    if any(name.endswith(".yaml") for name in tasks):
+        from raylm.tasks.lmeval.names import task_files
+
+        tasks, include_path = task_files(tasks, include_path)
     random_seed, numpy_seed, torch_seed, fewshot_seed = args.seed
     chat_args = args.chat_template_args if isinstance(args.chat_template_args, dict) else \
         parse_pairs(args.chat_template_args, "--chat-template-args") if args.chat_template_args else None
     return EvalConfig(spec, tasks, data_dir, args.limit, args.num_fewshot, fewshot_seed, args.batch_size, args.actors,
                       args.shard_size, not args.no_progress, args.output, args.overwrite, args.num_gpus,
-                      include_path=args.include_path, bootstrap_iters=args.bootstrap_iters, random_seed=random_seed,
-                      numpy_seed=numpy_seed, torch_seed=torch_seed, log_samples=args.log_samples,
-                      decontaminate=args.decontaminate, samples=args.samples,
+                      include_path=include_path, bootstrap_iters=args.bootstrap_iters, random_seed=random_seed,
+                      numpy_seed=numpy_seed, torch_seed=torch_seed,
+                      log_samples=args.log_samples or args.predict_only,  # lm-eval forces it so
+                      decontaminate=args.decontaminate, samples=args.samples, predict_only=args.predict_only,
                       metadata=parse_pairs(args.metadata, "--metadata") if args.metadata else None,
                       apply_chat_template=args.apply_chat_template, fewshot_as_multiturn=args.fewshot_as_multiturn,
                       system_instruction=args.system_instruction, chat_template_args=chat_args,
@@ -167,11 +186,22 @@ def run_eval(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     cfg.validate()
     out = prepare_output(args.output)
+    layout = getattr(args, "lmeval_layout", None)
+    wandb = (parse_pairs(args.wandb_args, "--wandb_args"),
+             parse_pairs(args.wandb_config_args, "--wandb_config_args") if args.wandb_config_args else None) \
+        if args.wandb_args else None
+    if wandb is not None:
+        require_wandb()
     with output_lock(out):
         result = evaluate(cfg)
-        if args.log_samples:
-            write_samples(out, result)
+        if cfg.log_samples:
+            write_samples(out, result, sample_logs=layout is None)
         path = write_results(out, result)
+        if layout is not None:
+            path = write_lmeval_output(layout, results_dict(result), logged_samples(result) if cfg.log_samples
+                                       else None, cfg.model.lmeval_model_args(), result.wall_s)
+    if wandb is not None:  # after the results are on disk, as lm-eval logs them
+        log_to_wandb(*wandb, results_dict(result), logged_samples(result) if cfg.log_samples else None)
     print(format_table(result))
     print(f"results written to {path}")
     return 0

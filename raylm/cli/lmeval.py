@@ -17,17 +17,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
+from raylm.cli.options import output_arg
 from raylm.config import parse_batch_size
 from raylm.errors import RaylmError
 
 # lm-eval flag -> raylm flag, where the spelling differs by more than "_" for "-" (which any flag accepts).
-RENAMED = {"--output_path": "--output", "-o": "--output", "-t": "--tasks", "-f": "--num-fewshot",
+RENAMED = {"-o": "--output-path", "-t": "--tasks", "-f": "--num-fewshot",
            "-b": "--batch-size", "-s": "--log-samples", "-L": "--limit", "-a": "--model-args", "-M": "--model",
-           "-E": "--samples", "-v": "--verbosity"}
+           "-E": "--samples", "-v": "--verbosity", "-x": "--predict-only"}
 # lm-eval 0.4.13 flags (`lm_eval run`) raylm does not take, and why: refused by name rather than ignored.
 REFUSED = {
-    "--predict_only": "skips metrics; raylm always computes them (--log-samples keeps every prediction)",
-    "-x": "(--predict_only) skips metrics; raylm always computes them (--log-samples keeps every prediction)",
     "--use_cache": "caches model responses in SQLite; raylm resumes from its own checkpoint under --output",
     "-c": "(--use_cache) caches model responses in SQLite; raylm resumes from its own checkpoint under --output",
     "--cache_requests": "caches built requests; raylm rebuilds them each run (and checkpoints their scores)",
@@ -36,15 +35,27 @@ REFUSED = {
     "-w": "(--write_out) prints prompts; raylm's --log-samples writes every request's strings",
     "--show_config": "prints the task configs; raylm writes them to results.json (configs)",
     "--max_batch_size": "caps lm-eval's auto batch size; raylm's --batch-size auto fills a token budget",
-    "--wandb_args": "logs to Weights & Biases, which raylm does not do",
-    "--wandb_config_args": "logs to Weights & Biases, which raylm does not do",
     "--trackio_args": "logs to Trackio, which raylm does not do",
     "--hf_hub_log_args": "pushes results to the Hugging Face hub, which raylm does not do",
     "--confirm_run_unsafe_code": "runs tasks that execute code; raylm refuses such tasks",
     "--config": "reads lm-eval's YAML run config; raylm's equivalent is a sweep file (raylm sweep)",
     "-C": "(--config) reads lm-eval's YAML run config; raylm's equivalent is a sweep file (raylm sweep)",
 }
-HF_MODEL_TYPES = ("hf", "hf-auto", "huggingface")  # lm-eval's names for HFLM, the model raylm evaluates like
+# lm-eval's names for HFLM, the model raylm evaluates like, and raylm's own RayLM (lm-eval's "raylm" once raylm.api is
+# imported), which takes HFLM's arguments.
+HF_MODEL_TYPES = ("hf", "hf-auto", "huggingface", "raylm")
+
+
+def other_model_types() -> frozenset[str]:
+    """lm-eval's registered model types other than HFLM's (vllm, sglang, openai-completions, gguf, ...), from the
+    installed lm-eval's own registry: `--model vllm` names a backend raylm does not run, not a hub model. Empty
+    where lm-eval is not installed."""
+    try:
+        import lm_eval.models  # noqa: F401  (fills the registry with lm-eval's lazy entries)
+        from lm_eval.api.registry import model_registry
+    except ImportError:
+        return frozenset()
+    return frozenset(model_registry.keys()) - set(HF_MODEL_TYPES)
 
 
 def translate(argv: Sequence[str], known: set[str]) -> list[str]:
@@ -186,12 +197,33 @@ MODEL_ARGS: dict[str, tuple[str, Callable[[str], Callable[[Any], Any]]]] = {
 ACCEPTED_AT = {"use_fast_tokenizer": True, "backend": "causal", "parallelize": False}
 
 
+def apply_output_path(args: argparse.Namespace, parser: argparse.ArgumentParser, default_model: str | None) -> None:
+    """lm-eval's --output_path: its layout for the results and samples (raylm.results.lmeval_output), and raylm's
+    own output folder (--output: results.json, the checkpoint) beside them, so that the same line resumes."""
+    if args.output_path is None:
+        return
+    if args.output != parser.get_default("output"):
+        raise RaylmError("--output and --output_path: choose one (--output_path writes lm-eval's layout, with "
+                         "raylm's own folder inside it)")
+    model = args.model or default_model
+    if model is None:
+        return  # refused with the rest of the run's settings: --model is required
+    from raylm.results.lmeval_output import Layout
+
+    args.lmeval_layout = Layout.of(args.output_path, {"pretrained": model, **({"peft": args.peft} if args.peft
+                                                                                else {})})
+    args.output = output_arg(args.lmeval_layout.work_dir)
+
+
 def apply_model_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Spread --model_args over args; `--model hf` (lm-eval's model type) then means HFLM, whose `pretrained` is
     raylm's --model. Every key raylm does not take, or that contradicts a flag also given, is a one-line error."""
     given = parse_pairs(args.model_args, "--model_args") if args.model_args else {}
     if isinstance(args.chat_template_args, list):
         args.chat_template_args = parse_pairs(args.chat_template_args, "--chat-template-args")
+    if args.model in other_model_types() and not Path(args.model).exists():
+        raise RaylmError(f"--model {args.model} is lm-eval's {args.model} model type, which raylm does not run: raylm "
+                         f"evaluates as lm-eval's hf model (HFLM); use --model hf")
     if args.model in HF_MODEL_TYPES and "pretrained" in given:
         args.model = None
     elif args.model in HF_MODEL_TYPES:

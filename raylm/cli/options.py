@@ -12,7 +12,8 @@ from raylm.models.spec import DTYPES, PLL_VARIANTS, SCORERS, ModelSpec
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """How a model is loaded, the same flags on every command that loads one (eval, ppl, kl, probe, membership)."""
     parser.add_argument("--dtype", default="auto", choices=list(DTYPES))
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--device", default="auto",
+                        help="auto, cpu, cuda, or cuda:N (one actor on GPU N of this machine; docs/cluster.md)")
     parser.add_argument("--revision", help="model revision on the hub (branch, tag or commit)")
     parser.add_argument("--trust-remote-code", action="store_true", help="run code shipped with the model")
     parser.add_argument("--allow-pickle", action="store_true",

@@ -24,7 +24,7 @@ FAKE_GPUS_ENV = "RAYLM_FAKE_GPUS"
 
 def device_here(spec: ModelSpec) -> ModelSpec:
     """The spec with the device this process loads the model onto: the placement's, or CPU under the drill."""
-    if spec.device != "cuda":
+    if not spec.device.startswith("cuda"):
         return spec
     import torch
 

@@ -10,8 +10,11 @@
   node has (less `reserve_cpus` left to other work), N actors the largest equal whole share with which all fit.
 - No work left (every shard in the checkpoint): no actor, whatever --actors says, so no node is asked for.
 - What cannot work stops the run at once, in one line: GPUs on a cluster that has and can add none, more actors
-  than the cluster can ever hold, `cuda:N` (Ray gives each actor its own GPUs, which it sees as cuda:0..), and a
-  cluster whose live nodes hold nothing while what it can add is unknown (a guess would place every actor wrongly).
+  than the cluster can ever hold, and a cluster whose live nodes hold nothing while what it can add is unknown (a
+  guess would place every actor wrongly).
+- `cuda:N` (lm-eval's one GPU of one machine): one actor, on GPU N of a cluster of one machine that grows no
+  further (the local Ray); Ray counts one of its GPUs as the actor's, and the actor sees the machine's GPUs as the
+  driver does (ONE_GPU_ENV) and loads the model onto cuda:N. Elsewhere, or with more actors, it is refused.
 Where the autoscaler's node types are unknown, actors that do not fit yet are waited for (runtime.LaunchedActors),
 as an autoscaler may add their nodes.
 """
@@ -25,6 +28,8 @@ from raylm.cluster.capacity import (NODE_TYPES_ENV, Capacity, actors_that_fit, a
 from raylm.errors import RaylmError
 
 GPU_ACTOR_CPUS = 0.5
+# Ray's switch that leaves CUDA_VISIBLE_DEVICES as the node has it, for an actor that names its GPU (cuda:N)
+ONE_GPU_ENV = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
 DEFAULT_MAX_ACTORS = 16  # default actors on a cluster that can grow: each loads the model; --actors for more
 HINT = f"set {NODE_TYPES_ENV} to the node types it may add (docs/cluster.md)"
 
@@ -92,7 +97,7 @@ class Placement:
 
     @property
     def gpu(self) -> bool:
-        return self.device == "cuda"
+        return self.device.startswith("cuda")
 
 
 def plan(ask: Ask, capacity: Capacity) -> Placement:
@@ -107,13 +112,9 @@ def plan(ask: Ask, capacity: Capacity) -> Placement:
 
 def check_ask(ask: Ask) -> None:
     """Requests no cluster can satisfy as meant, refused before anything starts."""
-    if ask.device.startswith("cuda:"):
-        raise RaylmError(f"--device {ask.device} names one GPU of one machine, but Ray gives each actor its own GPUs "
-                         "(it sees them as cuda:0, cuda:1, ...): use --device cuda, and CUDA_VISIBLE_DEVICES to choose "
-                         "a machine's GPUs for a local run")
     if ask.actors is not None and ask.actors < 1:
         raise RaylmError(f"--actors must be at least 1, got {ask.actors}")
-    if ask.num_gpus is not None and ask.device != "auto" and (ask.num_gpus > 0) != (ask.device == "cuda"):
+    if ask.num_gpus is not None and ask.device != "auto" and (ask.num_gpus > 0) != ask.device.startswith("cuda"):
         raise RaylmError(f"--device {ask.device} contradicts --num-gpus {ask.num_gpus:g}")
 
 
@@ -123,7 +124,7 @@ def uses_gpu(ask: Ask, capacity: Capacity) -> tuple[bool, str]:
     if ask.num_gpus is not None:
         return ask.num_gpus > 0, f"--num-gpus {ask.num_gpus:g}"
     if ask.device != "auto":
-        return ask.device == "cuda", f"--device {ask.device}"
+        return ask.device.startswith("cuda"), f"--device {ask.device}"
     if capacity.live_total("GPU") > 0:
         return True, f"--device auto: {capacity.live_total('GPU'):g} GPU(s) up now{_growth(capacity, 'GPU')}"
     if capacity.addable_with("GPU"):
@@ -144,7 +145,28 @@ def _growth(capacity: Capacity, resource: str) -> str:
     return f"; the autoscaler may add {', '.join(t.name for t in types)} nodes (from {capacity.source})"
 
 
+def _plan_one_gpu(ask: Ask, capacity: Capacity) -> Placement:
+    """--device cuda:N: one actor on GPU N of the one machine there is."""
+    index = int(ask.device.removeprefix("cuda:"))
+    if len(capacity.live) != 1 or capacity.addable != ():
+        raise RaylmError(f"--device {ask.device} names one GPU of one machine, but this Ray cluster has "
+                         f"{len(capacity.live)} node(s) up{' and may add more' if capacity.addable != () else ''}, "
+                         "and Ray gives each actor its own GPUs: use --device cuda")
+    gpus = capacity.live[0].get("GPU", 0.0)
+    if index >= gpus:
+        raise RaylmError(f"--device {ask.device}: this machine has {gpus:g} GPU(s) that Ray sees (cuda:0.."
+                         f"cuda:{max(int(gpus) - 1, 0)})" if gpus else f"--device {ask.device}: this machine has no "
+                         "GPU that Ray sees")
+    if (ask.actors or 1) != 1 or (ask.num_gpus or 1) != 1:
+        raise RaylmError(f"--device {ask.device} is one GPU for one actor: use --device cuda for --actors or "
+                         "--num-gpus")
+    cpus = ask.num_cpus if ask.num_cpus is not None else GPU_ACTOR_CPUS
+    return Placement(1, cpus, 1.0, max(1, int(cpus)), ask.device, f"1 actor on GPU {index}: --device {ask.device}")
+
+
 def _plan_gpu(ask: Ask, capacity: Capacity, why: str) -> Placement:
+    if ask.device.startswith("cuda:"):
+        return _plan_one_gpu(ask, capacity)
     num_gpus = ask.num_gpus if ask.num_gpus is not None else 1.0
     cpus = ask.num_cpus if ask.num_cpus is not None else GPU_ACTOR_CPUS
     now = actors_that_fit(capacity.live, cpus, num_gpus)

@@ -14,7 +14,7 @@ from ray.actor import ActorHandle
 
 from raylm.cluster.capacity import Capacity, actors_that_fit, capacity_of, hint_from_env
 from raylm.cluster.cpus import available_cpus
-from raylm.cluster.placement import Ask, Work, plan, uses_gpu, whole_cpu_share
+from raylm.cluster.placement import ONE_GPU_ENV, Ask, Work, plan, uses_gpu, whole_cpu_share
 from raylm.cluster.failures import remote_error
 from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
@@ -129,8 +129,14 @@ class ActorRecipe:
         """Ask Ray for a new actor; it is ready (model loaded) when its `ready()` returns."""
         from raylm.cluster.actors import RemoteScoringActor
 
-        return RemoteScoringActor.options(num_cpus=self.num_cpus, num_gpus=self.num_gpus).remote(
-            self.spec, self.threads, self.batch_size)
+        return RemoteScoringActor.options(**self.options()).remote(self.spec, self.threads, self.batch_size)
+
+    def options(self) -> dict[str, object]:
+        """What the actor asks of Ray: its CPUs and GPUs, and for a GPU named by index (--device cuda:N) the
+        machine's GPUs left visible to it as they are to the driver."""
+        named_gpu = self.spec.device.startswith("cuda:")
+        return {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus,
+                **({"runtime_env": {"env_vars": dict(ONE_GPU_ENV)}} if named_gpu else {})}
 
 
 def plan_actors(spec: ModelSpec, n: int | None, batch_size: int | None, num_gpus: float | None = None,

@@ -110,8 +110,7 @@ def _run_membership(cfg: MembershipConfig, out_dir: Location) -> dict[str, Any]:
     # The actors load onto the placement's device (recipe.spec), as `raylm ppl`'s do.
     scored = ds.map_batches(DocMembership, fn_constructor_args=(recipe.spec, max_length, cfg.k, recipe.threads),
                             batch_size=cfg.docs_per_batch, batch_format="pyarrow",
-                            compute=ray.data.ActorPoolStrategy(size=n), num_cpus=recipe.num_cpus,
-                            num_gpus=recipe.num_gpus)
+                            compute=ray.data.ActorPoolStrategy(size=n), **recipe.options())
     parts = []
     verdicts: set[str] = set()
     with tqdm(total=table.num_rows, unit="doc", disable=not cfg.progress, desc="scoring") as bar:

@@ -209,8 +209,7 @@ def _run_corpus(cfg: CorpusConfig, out_dir: Location) -> CorpusResult:
         model_b = replace(cfg.model_b, device=recipe.spec.device)
         fn, args = DocKL, (recipe.spec, model_b, max_length, stride, recipe.threads, width)
     scored = ds.map_batches(fn, fn_constructor_args=args, batch_size=cfg.docs_per_batch, batch_format="pyarrow",
-                            compute=ray.data.ActorPoolStrategy(size=n), num_cpus=recipe.num_cpus,
-                            num_gpus=recipe.num_gpus)
+                            compute=ray.data.ActorPoolStrategy(size=n), **recipe.options())
     label = result_label(cfg, scorer)
     try:
         sums, verdicts = _stream(scored, out_dir / "samples" / f"{label}.parquet", cfg.progress, cfg.data)

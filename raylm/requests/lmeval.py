@@ -128,11 +128,12 @@ def build_lmeval_requests(selection: Selection, encoder: Encoder | MaskedEncoder
                           tasks: Sequence[str], seeds: Sequence[int | None], num_fewshot: int | None = None,
                           limit: int | float | None = None, samples: dict[str, list[int]] | None = None,
                           gen_kwargs: dict[str, Any] | None = None,
-                          sampling: Callable[[], ModelSampling] = ModelSampling) -> tuple[Built, Tables]:
+                          sampling: Callable[[], ModelSampling] = ModelSampling, predict_only: bool = False
+                          ) -> tuple[Built, Tables]:
     """lm-eval's tasks loaded, their requests built in lm-eval's order and seeding, and tokenised into tables.
     `tasks` is every name the run asks for, native ones too (a built task that clashes with one is refused); the
     keywords are EvalConfig's, and `sampling` the model's generation defaults (raylm.requests.driver)."""
-    built = load_and_build(selection, seeds, num_fewshot, limit, samples, prompt, gen_kwargs)
+    built = load_and_build(selection, seeds, num_fewshot, limit, samples, prompt, gen_kwargs, predict_only)
     refuse_native_clash(tasks, built.tasks["tasks"])
     tables = request_tables(built, encoder, sampling, seeds[2])
     return built, {name: (LMEVAL_KIND, table) for name, table in tables.items()}

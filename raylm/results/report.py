@@ -146,11 +146,11 @@ def run_summary(extra: dict[str, object], wall_s: float) -> str:
             f"{share}wall time {wall_s:.1f} s")
 
 
-def write_samples(out_dir: str | os.PathLike[str] | Location, result: EvalResult) -> None:
+def write_samples(out_dir: str | os.PathLike[str] | Location, result: EvalResult, sample_logs: bool = True) -> None:
     """samples/<task>.parquet per request; samples/<task>_docs.parquet per document for multiple choice and, with
-    lm-eval's logged samples, for every lm-eval task; every task's logged samples (a native task's where lm-eval
-    logged them: raylm.results.native_logs) also as lm-eval's own samples/samples_<task>_<date>.jsonl
-    (raylm.results.sample_logs); each file written atomically."""
+    lm-eval's logged samples, for every lm-eval task; unless `sample_logs` is off (--output_path writes them in
+    lm-eval's own layout: raylm.results.lmeval_output), every task's logged samples also as lm-eval's own
+    samples/samples_<task>_<date>.jsonl (raylm.results.sample_logs); each file written atomically."""
     out_dir = location(out_dir)
     for name, task in result.tasks.items():
         path = out_dir / "samples" / f"{name}.parquet"
@@ -165,12 +165,18 @@ def write_samples(out_dir: str | os.PathLike[str] | Location, result: EvalResult
                              "acc_norm": (p.pred_norm == p.gold).astype("int8")})
             write_parquet_atomic(out_dir / "samples" / f"{name}_docs.parquet",
                                  tagged(_with_doc_hashes(docs, task.doc_hashes)))
-    logged = {name: result.lmeval["samples"][name] if task.kind == LMEVAL_KIND else task.samples
-              for name, task in result.tasks.items() if task.kind == LMEVAL_KIND or task.samples is not None}
-    if logged:
+    logged = logged_samples(result)
+    if logged and sample_logs:
         from raylm.results.sample_logs import date_id, write_sample_logs
 
-        write_sample_logs(out_dir, logged, date_id())
+        write_sample_logs(out_dir / "samples", logged, date_id())
+
+
+def logged_samples(result: EvalResult) -> dict[str, list[dict[str, Any]]]:
+    """Every task's samples as lm-eval logs them (a native task's where lm-eval logged them:
+    raylm.results.native_logs), by task."""
+    return {name: result.lmeval["samples"][name] if task.kind == LMEVAL_KIND else task.samples
+            for name, task in result.tasks.items() if task.kind == LMEVAL_KIND or task.samples is not None}
 
 
 def _with_doc_hashes(table: pa.Table, hashes: dict[int, str] | None) -> pa.Table:

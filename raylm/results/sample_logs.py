@@ -43,11 +43,11 @@ def sample_log(task: str, samples: list[dict[str, Any]]) -> bytes:
         return (Path(tmp) / sample_log_name(task, tracker.date_id)).read_bytes()
 
 
-def write_sample_logs(out_dir: Location, samples: dict[str, list[dict[str, Any]]], date: str) -> list[Location]:
-    """Each task's log under out_dir/samples/, one date for the run, as lm-eval names a run's files."""
+def write_sample_logs(folder: Location, samples: dict[str, list[dict[str, Any]]], date: str) -> list[Location]:
+    """Each task's log in `folder`, one date for the run, as lm-eval names a run's files."""
     paths = []
     for task, logged in samples.items():
-        path = out_dir / "samples" / sample_log_name(task, date)
+        path = folder / sample_log_name(task, date)
         write_atomic(path, sample_log(task, logged))
         paths.append(path)
     return paths

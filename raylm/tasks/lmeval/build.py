@@ -93,14 +93,18 @@ def load(selection: Selection) -> TaskDict:
 
 
 def configure(loaded: TaskDict, num_fewshot: int | None, fewshot_seed: int | None,
-              gen_kwargs: dict[str, Any] | None = None) -> None:
+              gen_kwargs: dict[str, Any] | None = None, predict_only: bool = False) -> None:
     """simple_evaluate's per-task overrides (evaluator.py, the `for task_name, task_obj in loaded["tasks"]` loop:
-    gen_kwargs, num_fewshot and `task_obj.set_fewshot_seed`): --gen_kwargs update a generate_until task's
-    generation_kwargs; --num-fewshot wins unless the task pins 0; unset keeps the task's default, or 0 where it has
-    none; every task's sampler is re-seeded with the few-shot seed."""
+    gen_kwargs, predict_only, num_fewshot and `task_obj.set_fewshot_seed`): --gen_kwargs update a generate_until
+    task's generation_kwargs; --predict_only replaces every metric by lm-eval's "bypass" (before the requests are
+    built: a metric such as acc_mutual_info adds requests of its own); --num-fewshot wins unless the task pins 0;
+    unset keeps the task's default, or 0 where it has none; every task's sampler is re-seeded with the few-shot
+    seed."""
     for task in loaded["tasks"].values():
         if gen_kwargs and task.get_config("output_type") == "generate_until":
             task.set_config(key="generation_kwargs", value=gen_kwargs, update=True)
+        if predict_only:
+            task.override_metric(metric_name="bypass")
         if num_fewshot is not None:
             if task.get_config("num_fewshot") != 0:
                 task.set_config(key="num_fewshot", value=num_fewshot)
@@ -150,12 +154,13 @@ def _check_indices(task: str, indices: list[int], n_docs: int) -> None:
 
 def load_and_build(selection: Selection, seeds: Sequence[int | None], num_fewshot: int | None,
                    limit: int | float | None, samples: dict[str, list[int]] | None = None,
-                   prompt: PromptFormat = PLAIN, gen_kwargs: dict[str, Any] | None = None) -> Built:
+                   prompt: PromptFormat = PLAIN, gen_kwargs: dict[str, Any] | None = None,
+                   predict_only: bool = False) -> Built:
     """The whole of it, in lm-eval's order, for seeds (random, numpy, torch, few-shot)."""
     with LMEVAL_LOCK:
         seed_globals(*seeds[:3])
         loaded = load(selection)
-        configure(loaded, num_fewshot, seeds[3], gen_kwargs)
+        configure(loaded, num_fewshot, seeds[3], gen_kwargs, predict_only)
         return build(loaded, limit, samples, prompt)
 
 

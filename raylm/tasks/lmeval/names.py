@@ -144,3 +144,52 @@ def refuse_output_type(task: str, output_type: str | None, via: str) -> None:
         where = f" (in {via})" if via and via != task else ""
         raise RaylmError(f"lm-eval task '{task}'{where} has output_type {output_type}; raylm runs "
                          f"{', '.join(SUPPORTED_OUTPUT_TYPES)}")
+
+
+def task_files(names: Sequence[str], include_path: Path | None) -> tuple[tuple[str, ...], Path | None]:
+    """lm-eval's task files in --tasks as the names they define, with their folder as the include path.
+
+    lm-eval's CLI (EvaluatorConfig.process_tasks) takes an entry ending in `.yaml` as a file path or glob and loads
+    each file's config (load_yaml, its `include:` resolved from the file's folder). raylm indexes the folder as
+    --include-path, whose entries replace lm-eval's own of the same name, so each name loads that same file,
+    through the same load_yaml; a folder whose index would resolve the name to another of its files, files in
+    several folders, or a folder other than --include-path's, are refused in one line."""
+    import glob
+
+    import yaml
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    out: list[str] = []
+    files: dict[str, Path] = {}
+    for name in names:
+        if not name.endswith(".yaml"):
+            out.append(name)
+            continue
+        matched = sorted(glob.glob(name))
+        if not matched:
+            raise RaylmError(f"--tasks {name}: no such task file")
+        for path in (Path(m).resolve() for m in matched):
+            try:
+                config = load_yaml(path, resolve_func=False)
+            except (OSError, ValueError, yaml.YAMLError) as e:
+                raise RaylmError(f"--tasks {path}: not a task file lm-eval can read: {e}") from None
+            defined = config.get("task") if isinstance(config.get("task"), str) else config.get("group")
+            if not isinstance(defined, str):
+                raise RaylmError(f"--tasks {path}: defines no task or group name (a `task:` or `group:` key)")
+            files[defined] = path
+            out.append(defined)
+    folders = {path.parent for path in files.values()} | ({include_path.resolve()} if include_path else set())
+    if len(folders) > 1:
+        raise RaylmError(f"task files in --tasks and --include-path span {len(folders)} folders "
+                         f"({', '.join(sorted(map(str, folders)))}); raylm reads tasks from one folder: put them "
+                         "in one")
+    if not files:
+        return tuple(out), include_path
+    folder = folders.pop()
+    index = TaskManager(include_path=[str(folder)], include_defaults=False).task_index
+    for name, path in files.items():
+        indexed = index[name].yaml_path if name in index else None
+        if indexed is None or Path(indexed).resolve() != path:
+            raise RaylmError(f"--tasks {path}: its folder defines '{name}' again in {indexed}; raylm reads the "
+                             "folder as --include-path, so give one of them another name")
+    return tuple(dict.fromkeys(out)), folder
