@@ -15,15 +15,21 @@ so the prefix is never repeated per row; rows with no cached path batch as befor
 share SHARE_FRACTION of their length (the old packing's rule), so unrelated texts keep plain rows and the model's
 own causal kernel. A path shorter than `cache_min` is not worth a forward pass of its own (two documents that only
 share BOS): it is copied into each row below it instead, as the old two-level packing did.
+
+Most requests share nothing the walk would use (loglikelihood_rolling windows, documents that share only BOS), and
+the trie is a Python loop over every token: `plan_runs` cuts the sorted inputs where neighbours share too little
+to matter and builds a trie only for the runs of requests that do share, each other request getting the walk's
+plan for a lone request (a plain row, or its pieces over the cache) without one.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from raylm.requests.order import common_prefix_length
-from raylm.scoring.packing import PackedRow
+from raylm.scoring.packing import PackedRow, chain_row
 
 CACHE_MIN_TOKENS = 32  # a shared path at least this long is cached once rather than copied into each row below it
 # Requests with no cached path share a row only if at least this fraction of the longest one is shared: two texts
@@ -196,3 +202,41 @@ def plan_tree(requests: Sequence[int], inputs: Sequence[Sequence[int]], n_target
     walk = _Walk(build_trie(requests, inputs, n_targets), row_tokens, max_requests, cache_min)
     walk.visit(walk.trie.roots, 0, [])
     return walk.free_rows, walk.steps
+
+
+def worth_sharing(a: Sequence[int], b: Sequence[int], row_tokens: int, cache_min: int = CACHE_MIN_TOKENS) -> bool:
+    """Whether the walk would plan inputs a and b otherwise than apart: one is a prefix of the other, or their
+    shared prefix is long enough to be cached (cache_min) or to be worth a tree row (SHARE_FRACTION). Only the first
+    few tokens are compared, never the whole inputs."""
+    cache_min = max(1, min(cache_min, max(1, row_tokens)))
+    k = min(len(a), len(b), cache_min, max(1, math.ceil(SHARE_FRACTION * max(len(a), len(b)))))
+    return list(a[:k]) == list(b[:k])
+
+
+def plan_runs(requests: Sequence[int], inputs: Sequence[Sequence[int]], n_targets: Sequence[int], row_tokens: int,
+              max_requests: int | None = None, cache_min: int = CACHE_MIN_TOKENS
+              ) -> tuple[list[PackedRow], list[Step], int]:
+    """plan_tree's rows and steps, with a trie built only for runs of requests that share a prefix worth sharing
+    with a neighbour in sorted order (where two inputs share most, so does every input sorted between them), and
+    how many requests went through one. A request alone gets the walk's plan for a tree of one request: a plain
+    row, or its path in pieces over the cache where it is wider than a row."""
+    order = sorted(requests, key=lambda r: inputs[r])
+    runs: list[list[int]] = []
+    for i in order:
+        if runs and worth_sharing(inputs[runs[-1][-1]], inputs[i], row_tokens, cache_min):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    free: list[PackedRow] = []
+    steps: list[Step] = []
+    in_tries = 0
+    for run in runs:
+        i = run[0]
+        if len(run) == 1 and len(inputs[i]) <= max(1, row_tokens):
+            free.append(chain_row(inputs[i], i, n_targets[i]))
+            continue
+        rows, cached = plan_tree(run, inputs, n_targets, row_tokens, max_requests, cache_min)
+        free += rows
+        steps += cached
+        in_tries += len(run) if len(run) > 1 else 0
+    return free, steps, in_tries
