@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from raylm.scoring.attention import attention_plan
 from raylm.scoring.scorer import CacheIgnored, RequestDoesNotFit, Scorer
-from raylm.scoring.tree import build_trie, plan_runs, plan_tree, worth_sharing
+from raylm.scoring.tree import build_trie, plan_requests, plan_tree, worth_sharing
 
 
 def grouped_requests(vocab: int, max_length: int, n_docs: int, seed: int):
@@ -77,11 +77,34 @@ def unshared_inputs(seed: int, vocab: int = 5000) -> list[list[int]]:
             for _ in range(40)]
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_requests_that_share_nothing_get_the_tree_plan_without_a_trie(seed):
-    inputs = unshared_inputs(seed)
-    n_targets = [len(x) // 3 for x in inputs]
-    assert plan_runs(range(40), inputs, n_targets, row_tokens=64) == (*plan_tree(range(40), inputs, n_targets, 64), 0)
+def layout(free, steps) -> tuple[list, list]:
+    """A plan's forward passes, and which input column predicts each (request, target) token."""
+    rows = [(r.tokens, r.positions, r.spans) for r in free] + [
+        (s.cached, s.keep, [(r.tokens, r.positions, r.spans) for r in s.rows]) for s in steps]
+    predicted = sorted((row.positions[col], request, t) for row in free + [r for s in steps for r in s.rows]
+                       for col, request, t in row.predicts)
+    return rows, predicted
+
+
+def test_requests_planned_without_a_trie_get_the_forward_passes_the_trie_gives():
+    """On inputs that share prefixes of every length around the thresholds, with or without a trie the forward
+    passes are the trie's own and every target is predicted once, from its own position; both ways are taken.
+    (Without a trie, a target predicted from a copied shared prefix is taken from its own request's row, where the
+    trie takes it from the first row that holds that prefix: the same position, the same tokens before it.)"""
+    tries = []
+    for seed in range(150):
+        rnd = random.Random(seed)
+        inputs = [[1] + [rnd.randrange(2, 5000) for _ in range(rnd.choice([20, 90, 300]))] for _ in range(8)]
+        for _ in range(rnd.randint(0, 2)):  # a pair sharing 2-60 tokens, or one input inside another
+            a, b = rnd.sample(range(len(inputs)), 2)
+            shared = inputs[a][:rnd.randint(2, 60)]
+            inputs[b] = shared if rnd.random() < 0.2 else shared + inputs[b][len(shared):]
+        n_targets = [rnd.randint(0, len(x) // 2) for x in inputs]
+        row_tokens = rnd.choice([16, 64, 4096])
+        free, steps, trie = plan_requests(range(8), inputs, n_targets, row_tokens)
+        assert layout(free, steps) == layout(*plan_tree(range(8), inputs, n_targets, row_tokens)), seed
+        tries.append(trie)
+    assert set(tries) == {True, False}
 
 
 def test_a_prefix_worth_sharing_is_one_input_inside_another_or_long_enough_to_cache_or_for_a_tree_row():

@@ -16,10 +16,9 @@ share SHARE_FRACTION of their length (the old packing's rule), so unrelated text
 own causal kernel. A path shorter than `cache_min` is not worth a forward pass of its own (two documents that only
 share BOS): it is copied into each row below it instead, as the old two-level packing did.
 
-Most requests share nothing the walk would use (loglikelihood_rolling windows, documents that share only BOS), and
-the trie is a Python loop over every token: `plan_runs` cuts the sorted inputs where neighbours share too little
-to matter and builds a trie only for the runs of requests that do share, each other request getting the walk's
-plan for a lone request (a plain row, or its pieces over the cache) without one.
+Many calls share nothing the walk would use (loglikelihood_rolling windows, documents that share only BOS), and
+the trie is a Python loop over every token: `plan_requests` compares sorted neighbours' first few tokens and, where
+no two share enough to matter, gives each request the walk's plan for a lone request without building the trie.
 """
 
 from __future__ import annotations
@@ -213,30 +212,25 @@ def worth_sharing(a: Sequence[int], b: Sequence[int], row_tokens: int, cache_min
     return list(a[:k]) == list(b[:k])
 
 
-def plan_runs(requests: Sequence[int], inputs: Sequence[Sequence[int]], n_targets: Sequence[int], row_tokens: int,
-              max_requests: int | None = None, cache_min: int = CACHE_MIN_TOKENS
-              ) -> tuple[list[PackedRow], list[Step], int]:
-    """plan_tree's rows and steps, with a trie built only for runs of requests that share a prefix worth sharing
-    with a neighbour in sorted order (where two inputs share most, so does every input sorted between them), and
-    how many requests went through one. A request alone gets the walk's plan for a tree of one request: a plain
-    row, or its path in pieces over the cache where it is wider than a row."""
+def plan_requests(requests: Sequence[int], inputs: Sequence[Sequence[int]], n_targets: Sequence[int],
+                  row_tokens: int, max_requests: int | None = None, cache_min: int = CACHE_MIN_TOKENS
+                  ) -> tuple[list[PackedRow], list[Step], bool]:
+    """plan_tree's forward passes, and whether a trie was built for them: none where no two requests share a prefix
+    worth sharing. Sorted, two inputs' longest shared prefix is shared by every input between them, so neighbours
+    settle it. Each request then gets the walk's plan for a tree of one request, the rows the walk gives it among
+    the others: a plain row, or its path in pieces over the cache where it is wider than a row. (A target predicted
+    from a short shared prefix, which the walk copies into each row, is then taken from its own request's row
+    rather than the first row holding that prefix: the same position after the same tokens.)"""
     order = sorted(requests, key=lambda r: inputs[r])
-    runs: list[list[int]] = []
-    for i in order:
-        if runs and worth_sharing(inputs[runs[-1][-1]], inputs[i], row_tokens, cache_min):
-            runs[-1].append(i)
-        else:
-            runs.append([i])
+    if any(worth_sharing(inputs[a], inputs[b], row_tokens, cache_min) for a, b in zip(order, order[1:])):
+        return *plan_tree(order, inputs, n_targets, row_tokens, max_requests, cache_min), True
     free: list[PackedRow] = []
     steps: list[Step] = []
-    in_tries = 0
-    for run in runs:
-        i = run[0]
-        if len(run) == 1 and len(inputs[i]) <= max(1, row_tokens):
+    for i in order:
+        if len(inputs[i]) <= max(1, row_tokens):
             free.append(chain_row(inputs[i], i, n_targets[i]))
-            continue
-        rows, cached = plan_tree(run, inputs, n_targets, row_tokens, max_requests, cache_min)
-        free += rows
-        steps += cached
-        in_tries += len(run) if len(run) > 1 else 0
-    return free, steps, in_tries
+        else:
+            rows, cached = plan_tree([i], inputs, n_targets, row_tokens, max_requests, cache_min)
+            free += rows
+            steps += cached
+    return free, steps, False
