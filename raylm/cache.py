@@ -1,4 +1,5 @@
-"""Where raylm keeps what it computes once and reuses between runs (lm-eval's task index, weight-file digests).
+"""Where raylm keeps what it computes once and reuses between runs (lm-eval's task index, weight-file digests,
+lm-eval tasks' tokenised request tables).
 
 Everything kept here can be rebuilt from its inputs, so the directory may be deleted at any time. `RAYLM_NO_CACHE=1`
 turns it off; `RAYLM_CACHE_DIR` moves it (default `$XDG_CACHE_HOME/raylm`, else `~/.cache/raylm`).

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import pyarrow as pa
 
 from raylm.cluster.capacity import Capacity
-from raylm.cluster.checkpoint import Checkpoint, fingerprint, scored_with
+from raylm.cluster.checkpoint import RAYLM_ROOT, Checkpoint, fingerprint, scored_with, source_digest
 from raylm.cluster.placement import Work
 from raylm.cluster.runtime import (
     ActorHandle,
@@ -122,13 +122,17 @@ def run_prompt(cfg: EvalConfig, tokenizer) -> PromptFormat:
 
 def run_lmeval_requests(cfg: EvalConfig, selection: Selection, encoder: Encoder | MaskedEncoder, prompt: PromptFormat
                         ) -> tuple[Built, Tables]:
-    """The run's lm-eval tasks built and tokenised (raylm.requests.lmeval.build_lmeval_requests)."""
+    """The run's lm-eval tasks built and tokenised (raylm.requests.lmeval.build_lmeval_requests), their tables
+    kept in raylm's cache directory for the next run with the same requests, tokenizer and request code (the
+    requests stage's, which turns lm-eval's request text into tables: raylm.requests.cache)."""
+    from raylm.requests.cache import TableCache
     from raylm.requests.lmeval import build_lmeval_requests
 
     return build_lmeval_requests(selection, encoder, prompt, tasks=cfg.tasks, seeds=cfg.seeds,
                                  num_fewshot=cfg.num_fewshot, limit=cfg.limit, samples=cfg.samples,
                                  gen_kwargs=cfg.gen_kwargs, sampling=lambda: driver_sampling(cfg.model),
-                                 predict_only=cfg.predict_only)
+                                 predict_only=cfg.predict_only,
+                                 cache=TableCache.for_encoder(encoder, source_digest(RAYLM_ROOT / "requests")))
 
 
 def run_settings(cfg: EvalConfig) -> dict[str, Any]:

@@ -25,7 +25,8 @@ ALLOWED = {
     "data": set(),
     "tasks": {"cache", "data"},
     "models": {"cache"},
-    "requests": {"models", "tasks"},  # the driver's encoder is built from a model's tokenizer and config
+    # the driver's encoder is built from a model's tokenizer and config; tables are kept in the cache, atomically
+    "requests": {"cache", "models", "storage", "tasks"},
     "scoring": {"models", "requests"},  # and a scored shard's predictions and sums, which its actor computes
     "config": {"models", "requests", "tasks"},
     "cluster": {"models", "requests", "scoring", "storage"},

@@ -23,6 +23,7 @@ from lm_eval.utils import get_file_task_name, make_table, sanitize_model_name
 from pydantic import TypeAdapter, ValidationError
 
 from raylm.api import RayLM
+from raylm.cache import CACHE_DIR_ENV, cache_dir
 from raylm.cli import main
 from raylm.cluster.checkpoint import CHECKPOINT_DIR
 from raylm.cluster.runtime import start_actors
@@ -199,22 +200,28 @@ def test_log_samples_writes_lm_evals_logged_fields_per_request_and_document(cli_
 
 
 @pytest.fixture(scope="module")
-def runs(ray_session, tasks_dir):
-    """The same lm-eval tasks on 1 actor with big shards and on 2 actors with shards of 3 requests."""
+def runs(ray_session, tasks_dir, tmp_path_factory):
+    """The same lm-eval tasks on 1 actor with big shards and on 2 actors with shards of 3 requests, the second
+    run reading the request tables the first kept in a cache directory of their own (their files' modification
+    times after each run under "kept")."""
     spec = ModelSpec(str(STORIES), dtype="float32", device="cpu")
-    out = {}
-    for n_actors, shard_requests in ((1, 512), (2, 3)):
-        actors = start_actors(spec, n_actors, None)
-        cfg = EvalConfig(spec, LMEVAL_TASKS, limit=6, shard_requests=shard_requests, progress=False,
-                         include_path=tasks_dir, bootstrap_iters=1000)
-        out[n_actors] = evaluate(cfg, actors)
-        for actor in actors:
-            ray.kill(actor)
+    out: dict = {"kept": []}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_DIR_ENV, str(tmp_path_factory.mktemp("raylm-cache")))
+        for n_actors, shard_requests in ((1, 512), (2, 3)):
+            actors = start_actors(spec, n_actors, None)
+            cfg = EvalConfig(spec, LMEVAL_TASKS, limit=6, shard_requests=shard_requests, progress=False,
+                             include_path=tasks_dir, bootstrap_iters=1000)
+            out[n_actors] = evaluate(cfg, actors)
+            for actor in actors:
+                ray.kill(actor)
+            out["kept"].append({p: p.stat().st_mtime_ns for p in (cache_dir() / "requests").iterdir()})
     return out
 
 
 def test_lm_eval_results_do_not_depend_on_actors_or_shard_size(runs):
     one, two = runs[1], runs[2]
+    assert len(runs["kept"][0]) == len(one.tasks) and runs["kept"][1] == runs["kept"][0]  # read back, not rebuilt
     assert two.extra["shards"] > one.extra["shards"]
     assert set(one.tasks) == {"arc_easy_local", "boolq_text_local", *MMLU_SUBJECTS}
     for name, a in one.tasks.items():

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from raylm.scoring.attention import attention_plan
 from raylm.scoring.scorer import CacheIgnored, RequestDoesNotFit, Scorer
-from raylm.scoring.tree import build_trie, plan_tree
+from raylm.scoring.tree import build_trie, plan_requests, plan_tree, worth_sharing
 
 
 def grouped_requests(vocab: int, max_length: int, n_docs: int, seed: int):
@@ -69,6 +69,52 @@ def test_a_short_shared_path_is_copied_into_each_row_instead_of_cached():
     assert sorted(free[0].predicts + free[1].predicts) == [(2, 0, 0), (2, 1, 0), (3, 0, 1), (3, 1, 1)]
 
 
+def unshared_inputs(seed: int, vocab: int = 5000) -> list[list[int]]:
+    """Inputs that share only BOS and a few tokens more, some wider than a row, some requests sharing nothing."""
+    rnd = random.Random(seed)
+    heads = [[1, rnd.randrange(2, 6)] for _ in range(3)]
+    return [rnd.choice(heads)[:rnd.randint(0, 2)] + [rnd.randrange(6, vocab) for _ in range(rnd.randint(20, 90))]
+            for _ in range(40)]
+
+
+def layout(free, steps) -> tuple[list, list]:
+    """A plan's forward passes, and which input column predicts each (request, target) token."""
+    rows = [(r.tokens, r.positions, r.spans) for r in free] + [
+        (s.cached, s.keep, [(r.tokens, r.positions, r.spans) for r in s.rows]) for s in steps]
+    predicted = sorted((row.positions[col], request, t) for row in free + [r for s in steps for r in s.rows]
+                       for col, request, t in row.predicts)
+    return rows, predicted
+
+
+def test_requests_planned_without_a_trie_get_the_forward_passes_the_trie_gives():
+    """On inputs that share prefixes of every length around the thresholds, with or without a trie the forward
+    passes are the trie's own and every target is predicted once, from its own position; both ways are taken.
+    (Without a trie, a target predicted from a copied shared prefix is taken from its own request's row, where the
+    trie takes it from the first row that holds that prefix: the same position, the same tokens before it.)"""
+    tries = []
+    for seed in range(150):
+        rnd = random.Random(seed)
+        inputs = [[1] + [rnd.randrange(2, 5000) for _ in range(rnd.choice([20, 90, 300]))] for _ in range(8)]
+        for _ in range(rnd.randint(0, 2)):  # a pair sharing 2-60 tokens, or one input inside another
+            a, b = rnd.sample(range(len(inputs)), 2)
+            shared = inputs[a][:rnd.randint(2, 60)]
+            inputs[b] = shared if rnd.random() < 0.2 else shared + inputs[b][len(shared):]
+        n_targets = [rnd.randint(0, len(x) // 2) for x in inputs]
+        row_tokens = rnd.choice([16, 64, 4096])
+        free, steps, trie = plan_requests(range(8), inputs, n_targets, row_tokens)
+        assert layout(free, steps) == layout(*plan_tree(range(8), inputs, n_targets, row_tokens)), seed
+        tries.append(trie)
+    assert set(tries) == {True, False}
+
+
+def test_a_prefix_worth_sharing_is_one_input_inside_another_or_long_enough_to_cache_or_for_a_tree_row():
+    assert worth_sharing([1, 2, 3], [1, 2, 3, 4], row_tokens=100)
+    assert not worth_sharing([1, 2] + [5] * 18, [1, 2] + [3] * 18, row_tokens=100)  # 2 of 20: too little
+    assert worth_sharing([1, 2] + [0] * 10, [1, 2] + [9] * 10, row_tokens=100)  # 2 of 12 shared: a tree row
+    assert not worth_sharing([1, 2] + [0] * 30, [1, 2] + [9] * 30, row_tokens=100)
+    assert worth_sharing(list(range(40)) + [0] * 900, list(range(40)) + [9] * 900, row_tokens=100)  # cached
+
+
 def test_trie_nodes_are_in_preorder_with_subtree_sizes():
     trie = build_trie([0, 1, 2, 3], [[3, 1], [1, 2, 3], [1, 2], [1, 4]], [1, 1, 1, 1])
     assert trie.tokens == [1, 2, 3, 4, 3, 1] and trie.depth == [0, 1, 2, 1, 0, 1]
@@ -80,7 +126,9 @@ def test_shared_prefix_matches_separate_scoring_and_reference_on_random_inputs(r
     model = AutoModelForCausalLM.from_pretrained(request.getfixturevalue(fixture))
     max_length = model.config.max_position_embeddings if fixture == "tiny_llama" else model.config.n_positions
     contexts, continuations, _ = grouped_requests(model.config.vocab_size, max_length, 14, seed=3)
-    shared = Scorer(model, max_length, token_budget=900).score(contexts, continuations)
+    scorer = Scorer(model, max_length, token_budget=900)
+    shared = scorer.score(contexts, continuations)
+    assert scorer.requests_in_tries > 0  # the documents' requests share their contexts: they go through a trie
     alone = Scorer(model, max_length, share_prefixes=False).score(contexts, continuations)
     np.testing.assert_allclose(shared[0], alone[0], rtol=0, atol=1e-5)
     assert (shared[1] == alone[1]).all()
@@ -89,6 +137,20 @@ def test_shared_prefix_matches_separate_scoring_and_reference_on_random_inputs(r
         ref, ref_greedy = reference_score(model64, c, k, max_length)
         assert shared[0][i] == pytest.approx(ref, rel=1e-6, abs=1e-5)
         assert shared[1][i] == ref_greedy
+
+
+def test_requests_that_share_nothing_score_as_the_reference_without_a_trie(tiny_llama):
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    inputs = unshared_inputs(0, model.config.vocab_size)[:12]
+    contexts, continuations = [x[:-4] for x in inputs], [x[-4:] for x in inputs]
+    scorer = Scorer(model, 128, token_budget=64)
+    loglik, greedy = scorer.score(contexts, continuations)
+    assert scorer.requests_in_tries == 0 and scorer.packed_rows > 0  # the 90-token inputs ran over the cache
+    model64 = float64_copy(model)
+    for i, (c, k) in enumerate(zip(contexts, continuations)):
+        ref, ref_greedy = reference_score(model64, c, k, 128)
+        assert loglik[i] == pytest.approx(ref, rel=1e-6, abs=1e-5)
+        assert greedy[i] == ref_greedy
 
 
 @pytest.mark.parametrize("model_dir", ["tiny_gpt2", "tiny_llama", "stories"])

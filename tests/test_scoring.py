@@ -73,9 +73,12 @@ def test_matches_float64_reference_on_real_rows(request, fixture):
     model, encoder, tables = real_requests(request.getfixturevalue(fixture), ("hellaswag", "winogrande"), limit=6)
     tables.update(real_requests(request.getfixturevalue(fixture), ("wikitext",), limit=2)[2])
     model64 = float64_copy(model)
-    for _, table in tables.values():
+    for name, (_, table) in tables.items():
         contexts, continuations = table["context"].to_pylist(), table["continuation"].to_pylist()
-        loglik, greedy = Scorer(model, encoder.max_length).score(contexts, continuations)
+        scorer = Scorer(model, encoder.max_length)
+        loglik, greedy = scorer.score(contexts, continuations)
+        # A document's endings share its context; WikiText's rolling windows share only the prefix token: no trie.
+        assert (scorer.requests_in_tries == 0) == (name == "wikitext")
         for i, (c, k) in enumerate(zip(contexts, continuations)):
             ref, ref_greedy = reference_score(model64, c, k, encoder.max_length)
             assert loglik[i] == pytest.approx(ref, rel=1e-6, abs=1e-5)

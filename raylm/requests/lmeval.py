@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ import pyarrow as pa
 from lm_eval.utils import handle_non_serializable
 
 from raylm.errors import RaylmError
+from raylm.requests.cache import TableCache
 from raylm.requests.encoding import Encoder
 from raylm.requests.generation import ModelSampling, generation_table
 from raylm.requests.masked import MaskedEncoder, MaskedRequest
@@ -43,6 +45,8 @@ from raylm.tasks.lmeval.names import Selection
 from raylm.tasks.lmeval.selection import refuse_native_clash
 from raylm.tasks.prompt import PLAIN, PromptFormat
 
+log = logging.getLogger(__name__)
+
 SCHEMA = pa.schema([
     ("doc_id", pa.int64()),
     ("req_idx", pa.int32()),
@@ -54,12 +58,34 @@ MASKED_SCHEMA = with_masked_columns(SCHEMA)
 
 
 def request_table(requests: list[Request], encoder: Encoder | MaskedEncoder,
-                  metadata: dict[bytes, bytes] | None = None) -> tuple[pa.Table, list[tuple[Request, str, int]]]:
+                  metadata: dict[bytes, bytes] | None = None, cache: TableCache | None = None
+                  ) -> tuple[pa.Table, list[tuple[Request, str, int]]]:
     """Requests as rows, in the order given, and every request raylm cannot score, why, and its continuation's
     token count: none (nothing to score), more than the model's context (HFLM stops on these with a bare
     AssertionError; for a masked LM, more than fits with its special tokens), or a context encoded to no token
     (HFLM asserts on these too). Requests whose contexts will be left-truncated are counted per task in one
-    warning line, as for native tasks."""
+    warning line, as for native tasks. With a cache (one task's requests), the table is read from it where it is
+    kept, else kept there unless some request is unscorable."""
+    cache = cache if requests and metadata is not None else None
+    kept = cache.get(requests, metadata) if cache is not None else None
+    if kept is not None:
+        table, problems, cut = kept[0], [], Counter({requests[0].task: kept[1]})
+    else:
+        table, problems, cut = _rows(requests, encoder, metadata)
+    for task, count in cut.items():
+        warn_truncated(task, count, encoder.max_length)
+    if cache is not None and kept is None and not problems:
+        try:
+            cache.put(requests, metadata, table, sum(cut.values()))
+        except OSError as e:
+            log.warning("could not keep %s's request table in %s (%s); the next run will build it again",
+                        requests[0].task, cache.directory, e.strerror or e)
+    return table, problems
+
+
+def _rows(requests: list[Request], encoder: Encoder | MaskedEncoder, metadata: dict[bytes, bytes] | None
+          ) -> tuple[pa.Table, list[tuple[Request, str, int]], Counter[str]]:
+    """request_table's table and problems, and each task's count of left-truncated requests, unwarned."""
     masked = isinstance(encoder, MaskedEncoder)
     schema = MASKED_SCHEMA if masked else SCHEMA
     cols: dict[str, list] = {name: [] for name in schema.names}
@@ -86,9 +112,7 @@ def request_table(requests: list[Request], encoder: Encoder | MaskedEncoder,
             if isinstance(item, MaskedRequest):
                 cols["following"].append(item.following)
                 cols["word_ids"].append(item.word_ids)
-    for task, count in cut.items():
-        warn_truncated(task, count, encoder.max_length)
-    return pa.table(cols, schema=schema.with_metadata(metadata)), problems
+    return pa.table(cols, schema=schema.with_metadata(metadata)), problems, cut
 
 
 def task_metadata(built: Built, task: str) -> dict[bytes, bytes]:
@@ -100,11 +124,11 @@ def task_metadata(built: Built, task: str) -> dict[bytes, bytes]:
 
 
 def request_tables(built: Built, encoder: Encoder | MaskedEncoder,
-                   sampling: Callable[[], ModelSampling] = ModelSampling, seed: int | None = None
-                   ) -> dict[str, pa.Table]:
+                   sampling: Callable[[], ModelSampling] = ModelSampling, seed: int | None = None,
+                   cache: TableCache | None = None) -> dict[str, pa.Table]:
     """Every task's table, or one line naming every unscorable request of every task. A generate_until task's is a
     generation table (raylm.requests.generation), from the model's sampling defaults (`sampling`, asked for only
-    when a task generates) and the run's torch seed."""
+    when a task generates) and the run's torch seed; any other task's is read from `cache` where it keeps it."""
     tables, problems = {}, []
     model: ModelSampling | None = None
     for task in built.tasks["tasks"]:
@@ -117,7 +141,7 @@ def request_tables(built: Built, encoder: Encoder | MaskedEncoder,
             tables[task], cut = generation_table(built.requests(task), encoder, model, seed, metadata)
             warn_truncated(task, cut, encoder.max_length)
             continue
-        tables[task], unscorable = request_table(built.requests(task), encoder, metadata)
+        tables[task], unscorable = request_table(built.requests(task), encoder, metadata, cache)
         problems += [(r.task, r.doc_id, r.idx, why, n) for r, why, n in unscorable]
     if problems:
         raise RaylmError(describe_problems(problems, encoder.max_length))
@@ -128,12 +152,13 @@ def build_lmeval_requests(selection: Selection, encoder: Encoder | MaskedEncoder
                           tasks: Sequence[str], seeds: Sequence[int | None], num_fewshot: int | None = None,
                           limit: int | float | None = None, samples: dict[str, list[int]] | None = None,
                           gen_kwargs: dict[str, Any] | None = None,
-                          sampling: Callable[[], ModelSampling] = ModelSampling, predict_only: bool = False
-                          ) -> tuple[Built, Tables]:
-    """lm-eval's tasks loaded, their requests built in lm-eval's order and seeding, and tokenised into tables.
-    `tasks` is every name the run asks for, native ones too (a built task that clashes with one is refused); the
-    keywords are EvalConfig's, and `sampling` the model's generation defaults (raylm.requests.driver)."""
+                          sampling: Callable[[], ModelSampling] = ModelSampling, predict_only: bool = False,
+                          cache: TableCache | None = None) -> tuple[Built, Tables]:
+    """lm-eval's tasks loaded, their requests built in lm-eval's order and seeding, and tokenised into tables (or
+    read from `cache`). `tasks` is every name the run asks for, native ones too (a built task that clashes with one
+    is refused); the keywords are EvalConfig's, and `sampling` the model's generation defaults
+    (raylm.requests.driver)."""
     built = load_and_build(selection, seeds, num_fewshot, limit, samples, prompt, gen_kwargs, predict_only)
     refuse_native_clash(tasks, built.tasks["tasks"])
-    tables = request_tables(built, encoder, sampling, seeds[2])
+    tables = request_tables(built, encoder, sampling, seeds[2], cache)
     return built, {name: (LMEVAL_KIND, table) for name, table in tables.items()}

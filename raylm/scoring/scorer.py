@@ -28,7 +28,7 @@ from raylm.scoring.attention import AttentionPlan, attention_plan
 from raylm.requests.table import LONG, NO_CONTEXT, unscorable
 from raylm.scoring.batching import TokenBudget, budget_batches, halving_on_oom
 from raylm.scoring.packing import PackedRow, branch_inputs, chain_row
-from raylm.scoring.tree import Step, plan_tree
+from raylm.scoring.tree import Step, plan_requests, plan_tree
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,7 @@ class Scorer:
         self.packed_rows = 0  # rows holding several requests or continuing a cached path, scored so far
         self.computed_tokens = 0  # token columns run through the model so far (padding excluded)
         self.tokens_in_requests = 0  # input tokens of the requests scored so far, as truncated to max_length
+        self.requests_in_tries = 0  # requests planned through a token trie (some shared a prefix), so far
         self._cache: DynamicCache | None = None  # the tree walk's cached path while a call runs
         self.device = input_device(model)  # where token ids go: the first layer's device
         if token_budget is None:
@@ -160,7 +161,8 @@ class Scorer:
         than a budget that out of memory has cut below where it started."""
         row_tokens = min(token_budget, ROW_TOKENS_MAX, self.max_predicted)
         if self.share_prefixes and self.plan.pack:
-            free, cached = plan_tree(pending, inputs, n_targets, row_tokens, self.batch_size)
+            free, cached, in_trie = plan_requests(pending, inputs, n_targets, row_tokens, self.batch_size)
+            self.requests_in_tries += len(pending) if in_trie else 0
         else:
             free, cached = [], []
             for i in pending:

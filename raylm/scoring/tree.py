@@ -15,15 +15,20 @@ so the prefix is never repeated per row; rows with no cached path batch as befor
 share SHARE_FRACTION of their length (the old packing's rule), so unrelated texts keep plain rows and the model's
 own causal kernel. A path shorter than `cache_min` is not worth a forward pass of its own (two documents that only
 share BOS): it is copied into each row below it instead, as the old two-level packing did.
+
+Many calls share nothing the walk would use (loglikelihood_rolling windows, documents that share only BOS), and
+the trie is a Python loop over every token: `plan_requests` compares sorted neighbours' first few tokens and, where
+no two share enough to matter, gives each request the walk's plan for a lone request without building the trie.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from raylm.requests.order import common_prefix_length
-from raylm.scoring.packing import PackedRow
+from raylm.scoring.packing import PackedRow, chain_row
 
 CACHE_MIN_TOKENS = 32  # a shared path at least this long is cached once rather than copied into each row below it
 # Requests with no cached path share a row only if at least this fraction of the longest one is shared: two texts
@@ -196,3 +201,36 @@ def plan_tree(requests: Sequence[int], inputs: Sequence[Sequence[int]], n_target
     walk = _Walk(build_trie(requests, inputs, n_targets), row_tokens, max_requests, cache_min)
     walk.visit(walk.trie.roots, 0, [])
     return walk.free_rows, walk.steps
+
+
+def worth_sharing(a: Sequence[int], b: Sequence[int], row_tokens: int, cache_min: int = CACHE_MIN_TOKENS) -> bool:
+    """Whether the walk would plan inputs a and b otherwise than apart: one is a prefix of the other, or their
+    shared prefix is long enough to be cached (cache_min) or to be worth a tree row (SHARE_FRACTION). Only the first
+    few tokens are compared, never the whole inputs."""
+    cache_min = max(1, min(cache_min, max(1, row_tokens)))
+    k = min(len(a), len(b), cache_min, max(1, math.ceil(SHARE_FRACTION * max(len(a), len(b)))))
+    return list(a[:k]) == list(b[:k])
+
+
+def plan_requests(requests: Sequence[int], inputs: Sequence[Sequence[int]], n_targets: Sequence[int],
+                  row_tokens: int, max_requests: int | None = None, cache_min: int = CACHE_MIN_TOKENS
+                  ) -> tuple[list[PackedRow], list[Step], bool]:
+    """plan_tree's forward passes, and whether a trie was built for them: none where no two requests share a prefix
+    worth sharing. Sorted, two inputs' longest shared prefix is shared by every input between them, so neighbours
+    settle it. Each request then gets the walk's plan for a tree of one request, the rows the walk gives it among
+    the others: a plain row, or its path in pieces over the cache where it is wider than a row. (A target predicted
+    from a short shared prefix, which the walk copies into each row, is then taken from its own request's row
+    rather than the first row holding that prefix: the same position after the same tokens.)"""
+    order = sorted(requests, key=lambda r: inputs[r])
+    if any(worth_sharing(inputs[a], inputs[b], row_tokens, cache_min) for a, b in zip(order, order[1:])):
+        return *plan_tree(order, inputs, n_targets, row_tokens, max_requests, cache_min), True
+    free: list[PackedRow] = []
+    steps: list[Step] = []
+    for i in order:
+        if len(inputs[i]) <= max(1, row_tokens):
+            free.append(chain_row(inputs[i], i, n_targets[i]))
+        else:
+            rows, cached = plan_tree([i], inputs, n_targets, row_tokens, max_requests, cache_min)
+            free += rows
+            steps += cached
+    return free, steps, False
