@@ -1,11 +1,11 @@
 """A corpus of any size as a streaming Ray Dataset with one `text` column (and the file each row came from).
 
 Parquet and JSONL rows (JSONL also gzip'd, as `.jsonl.gz`: Paloma's shards) are one document each, read from
-`--text-column`; `--domain-column` names the column (or `path`, the file) that groups them into domains. A plain-text file is one document per
-non-empty line: Ray's text reader splits a file into lines, and lines are the largest unit that can stream
-without holding a whole file's worth of grouping state (each text file is still read whole, so a single
-multi-GB .txt file needs that much memory; split it into shards). Paths are local or any pyarrow filesystem
-URI (s3://, gs://, ...), with globs.
+`--text-column`; `--domain-column` names the column (or `path`, the file) that groups them into domains. A
+plain-text file is one document per non-empty line: Ray's text reader splits a file into lines, and lines are
+the largest unit that can stream without holding a whole file's worth of grouping state (each text file is
+still read whole, so a single multi-GB .txt file needs that much memory; split it into shards). Paths are local
+or any pyarrow filesystem URI (s3://, gs://, ...), with globs.
 """
 
 from __future__ import annotations
