@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,7 +29,13 @@ from raylm.errors import RaylmError
 from raylm.evaluate import evaluate
 from raylm.models.spec import ModelSpec
 from raylm.storage.ownership import is_raylm_parquet
+from raylm.cluster.scheduler import SHARD_DELAY_ENV
+from raylm.storage.location import location
+from raylm.storage.lock import LEASE_ENV, LOCK_FILE
+from raylm.storage.ownership import CHECKPOINT_DIR
 from raylm.tasks.wikitext import load_docs as wikitext_docs
+
+pytest_plugins = ["s3_server"]  # its fixtures: s3_server, s3
 
 COUNTS = ("docs", "tokens", "words", "bytes", "chars")
 
@@ -142,8 +155,15 @@ def perturbed(tiny_llama, tmp_path_factory) -> ModelSpec:
 
 def test_kl_between_different_models_is_positive(spec, perturbed, parquet_run, tmp_path):
     data, ppl, _ = parquet_run
-    result, docs = run(spec, data, tmp_path, model_b=perturbed, text_column="body", max_length=64)
+    result, docs = run(spec, data, tmp_path, model_b=perturbed, text_column="body", max_length=64, domain_column="id")
     m = result.metrics
+    # Domains by a column of the corpus (each shard's row index: two documents each), a grouping of the sums.
+    assert docs["domain"].to_pylist() == [str(i) for i in range(20)] * 2
+    domains = m["domains"]
+    assert list(domains) == sorted(str(i) for i in range(20)) and {d["docs"] for d in domains.values()} == {2}
+    assert math.fsum(d["kl_sum"] for d in domains.values()) == pytest.approx(m["kl_sum"], rel=1e-12)
+    assert m["macro"]["kl_mean"] == pytest.approx(sum(d["kl_mean"] for d in domains.values()) / 20)
+    assert set(m["macro"]) == {"kl_mean", "argmax_disagree", "token_perplexity_p", "token_perplexity_q"}
     assert results_dict(result)["config"]["prefix_sharing"] == "unpacked (raylm kl scores each window in its own row)"
     assert m["kl_mean"] > 0 and all(kl > 0 for kl in docs["kl"].to_pylist())
     assert 0 < m["argmax_disagree"] < 1
@@ -242,3 +262,123 @@ def test_cli_ppl_with_weights_that_fail_to_load_in_the_actor_is_one_line(parquet
     assert errors[0].endswith(f" (full traceback in {out / 'raylm-error.log'})")
     assert "Traceback" not in proc.stderr and ", in start\n" in (out / "raylm-error.log").read_text()
     assert not (out / "results.json").exists()
+
+
+def gzip_jsonl_domains(root, domains: dict[str, list[str]]) -> str:
+    """Paloma's layout: one `<domain>/val0.jsonl.gz` shard per domain, rows {"text", "id"}; returns their glob."""
+    for name, texts in domains.items():
+        (root / name).mkdir(parents=True)
+        with gzip.open(root / name / "val0.jsonl.gz", "wt", encoding="utf-8") as f:
+            f.writelines(json.dumps({"text": t, "id": f"{name}-{i}"}) + "\n" for i, t in enumerate(texts))
+    return str(root / "*" / "val0.jsonl.gz")
+
+
+@pytest.fixture(scope="module")
+def domain_run(tiny_gpt2, ray_restarted_after, tmp_path_factory):
+    """tiny_gpt2 over three domains of very different document lengths (WikiText lines, their first words, whole
+    stretches of lines), as gzip'd JSONL, with `--domain-column path` and a checkpoint part per arriving block."""
+    lines = wikitext_lines(60)
+    domains = {"lines": lines[:14], "heads": [" ".join(t.split()[:3]) for t in lines[14:30]],
+               "long": [" ".join(lines[30 + 6 * i:36 + 6 * i]) for i in range(5)]}
+    root = tmp_path_factory.mktemp("domains")
+    data = gzip_jsonl_domains(root / "data", domains)
+    spec = ModelSpec(str(tiny_gpt2), dtype="float32", device="cpu")
+    kwargs = {"domain_column": "path", "max_length": 64, "docs_per_batch": 4, "checkpoint_every_s": 0}
+    return (spec, data, kwargs, {str(root / "data" / name / "val0.jsonl.gz"): texts for name, texts in domains.items()},
+            root / "out", *run(spec, data, root / "out", **kwargs))
+
+
+def test_a_killed_run_resumes_from_its_checkpoint_to_an_undisturbed_runs_numbers(domain_run, tmp_path):
+    """The checkpoint of domain_run cut back to its first part, as a kill leaves it: the same run resumes those
+    documents and scores the rest, to the same sums, domains and per-document rows, bit for bit. A changed option
+    or data file is refused in one line naming it."""
+    spec, data, kwargs, _, out, whole, whole_docs = domain_run
+    shutil.copytree(out, tmp_path / "out")
+    parts = sorted((tmp_path / "out" / CHECKPOINT_DIR / "shards").iterdir())
+    assert len(parts) > 1
+    for part in parts[1:]:
+        part.unlink()
+    (tmp_path / "out" / "results.json").unlink()
+    kept = pq.read_table(parts[0]).num_rows
+    resumed, docs = run(spec, data, tmp_path / "out", **kwargs)
+    assert 0 < resumed.docs_resumed == kept < whole.metrics["docs"] and whole.docs_resumed == 0
+    assert resumed.metrics == whole.metrics
+    assert docs.equals(whole_docs)
+    with pytest.raises(RaylmError, match=r"holds results of a different run \(differs in: limit_docs\); use another "
+                                         r"--output, or --overwrite"):
+        run(spec, data, tmp_path / "out", **kwargs, limit_docs=10)
+    first = sorted(whole_docs["path"].unique().to_pylist())[0]
+    stat = os.stat(first)
+    try:
+        os.utime(first, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        with pytest.raises(RaylmError, match=r"differs in: data\)"):
+            run(spec, data, tmp_path / "out", **kwargs)
+    finally:
+        os.utime(first, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_domain_figures_are_lm_evals_rolling_loglikelihood_summed_per_domain(domain_run, tiny_gpt2):
+    """Each file of the gzip'd JSONL corpus a domain (`--domain-column path`): its sums are lm-eval's
+    loglikelihood_rolling (HFLM, batch 16, the same 64-token windows) summed over the domain's documents, its
+    figures follow from them, and `macro` is their unweighted mean over the domains (Paloma's macro average)."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    _, _, _, domains, _, result, docs = domain_run
+    lm = HFLM(pretrained=str(tiny_gpt2), device="cpu", dtype="float32", batch_size=16, max_length=64)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2)
+    figures = result.metrics["domains"]
+    assert list(figures) == sorted(domains) and result.metrics["docs"] == sum(map(len, domains.values()))
+    for path, texts in domains.items():
+        loglik = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)],
+                                          disable_tqdm=True)
+        nll, size = -math.fsum(loglik), sum(len(t.encode()) for t in texts)
+        m = figures[path]
+        assert m["docs"] == len(texts) and m["bytes"] == size
+        assert m["tokens"] == sum(len(tokenizer(t)["input_ids"]) for t in texts)
+        assert m["nll_sum"] == pytest.approx(nll, rel=1e-6)
+        assert m["bits_per_byte"] == pytest.approx(nll / size / math.log(2), rel=1e-6)
+        assert docs.filter(pa.compute.equal(docs["path"], path))["bytes"].to_pylist() == [
+            len(t.encode()) for t in texts]  # the samples keep each document's domain, in order
+    for key in ("bits_per_byte", "token_perplexity", "word_perplexity", "byte_perplexity", "bits_per_char"):
+        assert result.metrics["macro"][key] == pytest.approx(sum(m[key] for m in figures.values()) / len(figures))
+    assert result.metrics["macro"]["bits_per_byte"] != pytest.approx(result.metrics["bits_per_byte"], rel=1e-3)
+    assert math.fsum(m["nll_sum"] for m in figures.values()) == pytest.approx(result.metrics["nll_sum"], rel=1e-12)
+
+
+def test_cli_ppl_killed_with_its_ray_resumes_from_s3_to_an_undisturbed_runs_numbers(domain_run, s3, tmp_path, capsys):
+    """`raylm ppl` with its output on S3 (moto's server) SIGKILLed, driver and its local Ray, once a checkpoint part
+    is stored; the same command resumes those documents, says so, and ends with domain_run's numbers."""
+    spec, data, _, domains, _, whole, whole_docs = domain_run
+    out = f"{s3}/ppl"
+    args = ["ppl", "--model", spec.path, "--dtype", "float32", "--device", "cpu", "--data", data,
+            "--domain-column", "path", "--max-length", "64", "--docs-per-batch", "4", "--checkpoint-every", "0",
+            "--output", out, "--no-progress"]
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", SHARD_DELAY_ENV: "0.5", LEASE_ENV: "2"}
+    env.pop("RAY_ADDRESS", None)
+    parts = location(out) / CHECKPOINT_DIR / "shards"
+    with open(tmp_path / "killed.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "raylm", *args], env=env, stdout=log, stderr=log,
+                                start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not (parts.is_dir() and parts.iterdir()):
+        assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-2000:]
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (location(out) / "results.json").exists()
+    dead = json.loads((location(out) / LOCK_FILE).read_bytes())
+    time.sleep(max(0.0, dead["expires"] - time.time()))
+    capsys.readouterr()
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    summary = printed.strip().splitlines()[-1]
+    resumed = int(summary.split("; ")[1].split()[0])
+    assert 0 < resumed < whole.metrics["docs"], summary
+    assert f"; {resumed} of {whole.metrics['docs']} documents resumed from checkpoint; " in summary
+    assert all(path in printed for path in domains) and "macro average" in printed  # every domain's row
+    assert json.loads((location(out) / "results.json").read_bytes())["results"]["ppl"] == json.loads(
+        json.dumps(whole.metrics))
+    with (location(out) / "samples" / "ppl.parquet").open_input() as f:
+        assert pq.read_table(f).select(whole_docs.column_names).equals(whole_docs)

@@ -12,6 +12,7 @@ def test_format_from_extension():
     assert detect_format("s3://bucket/shards/*.parquet") == "parquet"
     assert detect_format("data/train.JSONL") == "jsonl" and detect_format("a/b.json") == "jsonl"
     assert detect_format("wiki/test.txt") == "txt"
+    assert detect_format("paloma/c4_en/val/val0.jsonl.gz") == "jsonl" and detect_format("x.json.gz") == "jsonl"
     with pytest.raises(InputError, match="corpus/: cannot tell the format .* pass --format"):
         detect_format("corpus/")
 

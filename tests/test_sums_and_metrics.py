@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from raylm.results.metrics import kl_metrics, ppl_metrics, rolling_metrics
-from raylm.results.sums import corpus_batch_sums, merge
+from raylm.results.sums import CorpusSums, corpus_batch_sums, merge
 
 
 def doc_rows(n: int, kl: bool) -> pa.Table:
@@ -36,6 +36,11 @@ def test_merged_batch_sums_equal_whole_corpus_sums(kl):
             # Counts add exactly; float sums differ from one fsum over all documents by a rounding per batch.
             assert merged[key] == value if isinstance(value, int) else merged[key] == pytest.approx(value, rel=1e-15)
     assert whole["docs"] == 1000
+    # Running sums (a corpus run's, resumed or not) are exact: the same bits however the rows were cut or ordered.
+    running = CorpusSums()
+    for a, b in reversed(list(zip(cuts, cuts[1:]))):
+        running.add(rows.slice(a, b - a))
+    assert running.value() == whole
 
 
 def test_metrics_from_sums():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from raylm.cli.options import (add_model_options, add_output_option, add_placement_timeout, add_scorer_options,
                                model_spec)
-from raylm.corpus import SCORING_DOCS_PER_BATCH
+from raylm.corpus import CHECKPOINT_EVERY_S, SCORING_DOCS_PER_BATCH
 from raylm.corpus.read import FORMATS as CORPUS_FORMATS
 from raylm.models.spec import PLL_VARIANTS
 from raylm.storage.location import prepare_output
@@ -25,6 +25,8 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--format", dest="fmt", default="auto", choices=list(CORPUS_FORMATS),
                        help="auto: from the file extension; txt is one document per non-empty line")
         p.add_argument("--text-column", default="text", help="column holding the documents (Parquet, JSONL)")
+        p.add_argument("--domain-column", help="column whose values group the documents into domains, or 'path' "
+                                               "(each file a domain): figures per domain and their macro average")
         p.add_argument("--max-length", type=int, help="tokens per window (default and upper bound: the model's)")
         p.add_argument("--stride", type=int, help="new tokens scored per window (default: max length, disjoint)")
         p.add_argument("--actors", type=int, help="model actors (default: one per GPU the cluster has or can grow "
@@ -36,6 +38,11 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
         add_model_options(p)
         add_output_option(p, Path("raylm-out") / p.prog.split()[-1],
                           "results.json (default: raylm-out/ppl or raylm-out/kl)")
+        p.add_argument("--overwrite", action="store_true",
+                       help="discard results and checkpoint a different run left in --output")
+        p.add_argument("--checkpoint-every", type=float, default=CHECKPOINT_EVERY_S, metavar="SECONDS",
+                       help="save the documents scored so far under --output this often, for a rerun of the same "
+                            f"command to resume from (default {CHECKPOINT_EVERY_S:g})")
         p.add_argument("--no-progress", action="store_true")
         p.set_defaults(run=run_corpus_command)
     add_scorer_options(ppl)
@@ -49,14 +56,31 @@ def run_corpus_command(args: argparse.Namespace) -> int:
                       pll=getattr(args, "pll", PLL_VARIANTS[0]))
     cfg = CorpusConfig(spec, args.data, spec_b, args.fmt, args.text_column,
                        args.max_length, args.stride, args.actors, args.limit_docs, args.docs_per_batch,
-                       not args.no_progress, args.placement_timeout)
+                       not args.no_progress, args.placement_timeout, args.domain_column, args.overwrite,
+                       args.checkpoint_every)
     cfg.validate()
     out = prepare_output(args.output)
     result = run_corpus(cfg, out)
-    for key, value in result.metrics.items():
+    metrics = {k: v for k, v in result.metrics.items() if not isinstance(v, dict)}
+    for key, value in metrics.items():
         print(f"{args.command:<4} {key:<24} {value:>16.6f}" if isinstance(value, float) else
               f"{args.command:<4} {key:<24} {value:>16d}")
+    if "domains" in result.metrics:
+        print(domain_table(result.metrics))
     if result.scorer == "mlm":
         print(f"pseudo-perplexities of a masked LM ({args.pll} PLL): not comparable with a causal LM's perplexity")
-    print(f"wall time {result.wall_s:.1f} s; results written to {out / 'results.json'}")
+    print(f"wall time {result.wall_s:.1f} s; {result.docs_resumed} of {int(result.metrics['docs'])} documents "
+          f"resumed from checkpoint; results written to {out / 'results.json'}")
     return 0
+
+
+def domain_table(metrics: dict) -> str:
+    """Every domain's documents, tokens and figures, then their macro average, as a plain-text table."""
+    figures = list(metrics["macro"])
+    rows = [[name, str(m["docs"]), str(m["tokens"]), *(f"{m[k]:.6f}" for k in figures)]
+            for name, m in metrics["domains"].items()]
+    rows.append(["macro average", "", "", *(f"{metrics['macro'][k]:.6f}" for k in figures)])
+    header = ["domain", "docs", "tokens", *figures]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in [header, *rows])

@@ -37,7 +37,14 @@ from raylm.requests.shards import Shard
 from raylm.scoring.sums import shard_sums
 from raylm.storage.atomic import write_atomic
 from raylm.storage.location import Location, location
-from raylm.storage.ownership import CHECKPOINT_DIR, MANIFEST, RESULTS, check_results_owner, remove_raylm_files
+from raylm.storage.ownership import (
+    CHECKPOINT_DIR,
+    MANIFEST,
+    RESULTS,
+    check_results_owner,
+    remove_raylm_files,
+    tagged,
+)
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +114,7 @@ def fingerprint(spec: ModelSpec, tasks: tuple[str, ...], tables: dict[str, tuple
     `spec` must be pinned (raylm.models.identity.pin_revision): a hub model is then fingerprinted by its
     commit, never by a branch name that can move."""
     return {
-        "model": {**spec.as_dict(), "files": model_digest(spec),
-                  **({"adapter_files": adapter_digest(spec)} if spec.peft is not None else {})},
+        "model": model_fingerprint(spec),
         "tasks": list(tasks),
         "data": {name: table_digest(table) for name, (_, table) in tables.items()},
         **settings,
@@ -116,6 +122,12 @@ def fingerprint(spec: ModelSpec, tasks: tuple[str, ...], tables: dict[str, tuple
         "versions": library_versions(),
         "code": {"raylm": raylm.__version__, "source": source_digest()},
     }
+
+
+def model_fingerprint(spec: ModelSpec) -> dict[str, Any]:
+    """A pinned model as a manifest keys it: its settings and its weights' commit or file digests."""
+    return {**spec.as_dict(), "files": model_digest(spec),
+            **({"adapter_files": adapter_digest(spec)} if spec.peft is not None else {})}
 
 
 def scored_with(shard: ScoredShard) -> str:
@@ -128,18 +140,20 @@ class Checkpoint:
     a local directory or a filesystem URI (raylm.storage.location): each shard reaches it as it is scored, so a
     run whose whole cluster was lost resumes from it on another."""
 
-    def __init__(self, out_dir: str | os.PathLike[str] | Location, manifest: dict[str, Any]):
+    def __init__(self, out_dir: str | os.PathLike[str] | Location, manifest: dict[str, Any], command: str = "eval"):
+        """`command`: the raylm command whose results.json DIR may hold beside the checkpoint."""
         self.out_dir = location(out_dir)
         self.root = self.out_dir / CHECKPOINT_DIR
         self.manifest = manifest
+        self.command = command
 
     @classmethod
-    def open(cls, out_dir: str | os.PathLike[str] | Location, manifest: dict[str, Any], overwrite: bool
-             ) -> Checkpoint:
+    def open(cls, out_dir: str | os.PathLike[str] | Location, manifest: dict[str, Any], overwrite: bool,
+             command: str = "eval") -> Checkpoint:
         """Resume the same run, refuse a different one, or (with overwrite) discard the results raylm left in DIR.
         A results.json or checkpoint/ that raylm did not write is refused either way: never resumed from,
         deleted or written over."""
-        checkpoint = cls(out_dir, manifest)
+        checkpoint = cls(out_dir, manifest, command)
         checkpoint.refuse_foreign()
         if overwrite:
             remove_raylm_files(checkpoint.out_dir)
@@ -183,7 +197,7 @@ class Checkpoint:
                              "same --device and --dtype, another --output, or --overwrite to discard them")
 
     def refuse_foreign(self) -> None:
-        check_results_owner(self.out_dir, "eval", checkpoint=True)
+        check_results_owner(self.out_dir, self.command, checkpoint=True)
 
     def shard_path(self, index: int) -> Location:
         return self.root / "shards" / f"{index:06d}.parquet"
@@ -197,13 +211,30 @@ class Checkpoint:
                            (_COMPUTED_TOKENS_KEY, scored.computed_tokens)):
             if count is not None:
                 tags[key] = str(count).encode()
-        table = scored.table.replace_schema_metadata(tags)
+        self.save_table(shard.index, scored.table.replace_schema_metadata(tags))
+
+    def save_table(self, index: int, table: pa.Table) -> None:
+        """Part `index` of the checkpoint, whole or not at all (raylm.storage.atomic), marked as raylm's."""
         sink = pa.BufferOutputStream()
-        pq.write_table(table, sink)
+        pq.write_table(tagged(table), sink)
         try:
-            write_atomic(self.shard_path(shard.index), sink.getvalue().to_pybytes())
+            write_atomic(self.shard_path(index), sink.getvalue().to_pybytes())
         except OSError as e:
-            raise RaylmError(f"cannot write checkpoint {self.shard_path(shard.index)}: {e.strerror or e}") from e
+            raise RaylmError(f"cannot write checkpoint {self.shard_path(index)}: {e.strerror or e}") from e
+
+    def tables(self) -> list[pa.Table]:
+        """Every part saved with save_table, in index order (a corpus run's checkpoint: raylm.corpus.resume)."""
+        parts = self.root / "shards"
+        if not parts.is_dir():
+            return []
+        out = []
+        for path in sorted((p for p in parts.iterdir() if p.suffix == ".parquet"), key=lambda p: p.name):
+            try:
+                with path.open_input() as f:
+                    out.append(pq.read_table(f))
+            except (OSError, pa.ArrowException) as e:
+                log.warning("checkpoint %s is unreadable (%s); scoring its documents again", path, e)
+        return out
 
     def load(self, shards: list[Shard]) -> dict[int, ScoredShard]:
         """Finished shards by index; a file that does not hold exactly its shard's requests is scored again."""

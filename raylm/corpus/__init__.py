@@ -10,4 +10,8 @@ SCAN_ROWS_PER_BATCH = 128  # contamination: n-gram lookup costs little per row, 
 # every actor of the pool
 MEMBERSHIP_DOCS_PER_BATCH = 16
 
+# Seconds between saves of the scored documents (--checkpoint-every): what a killed run loses at most, against
+# one checkpoint write per save
+CHECKPOINT_EVERY_S = 60.0
+
 READ_CPUS = 1.0  # kept free of actors for Ray Data's read tasks, or the stream stalls with every CPU held

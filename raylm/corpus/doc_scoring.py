@@ -18,7 +18,7 @@ import torch
 
 from raylm.cluster.devices import assigned_gpus, device_here
 from raylm.cluster.failures import DeferredStartup
-from raylm.corpus.read import document_texts
+from raylm.corpus.read import document_domains, document_texts
 from raylm.models.devices import WEIGHTS_FRACTION, gpu_budget
 from raylm.models.loading import load_model, load_tokenizer
 from raylm.models.spec import ModelSpec
@@ -52,9 +52,11 @@ class WindowedDocs:
         return [math.fsum(p) for p in parts]
 
     def counts(self, batch: pa.Table) -> dict[str, pa.Array]:
-        """What the per-unit perplexities divide by: whitespace words, UTF-8 bytes, characters of each text."""
+        """What the per-unit perplexities divide by: whitespace words, UTF-8 bytes, characters of each text; and
+        each document's file and domain (--domain-column), which group them."""
         return {
             "path": batch["path"],
+            **({"domain": document_domains(batch)} if "domain" in batch.column_names else {}),
             "tokens": pa.array(self.tokens, pa.int64()),
             "words": pa.array([len(t.split()) for t in self.texts], pa.int64()),
             "bytes": pa.array([len(t.encode("utf-8")) for t in self.texts], pa.int64()),

@@ -1,10 +1,11 @@
 """A corpus of any size as a streaming Ray Dataset with one `text` column (and the file each row came from).
 
-Parquet and JSONL rows are one document each, read from `--text-column`. A plain-text file is one document per
-non-empty line: Ray's text reader splits a file into lines, and lines are the largest unit that can stream
-without holding a whole file's worth of grouping state (each text file is still read whole, so a single
-multi-GB .txt file needs that much memory; split it into shards). Paths are local or any pyarrow filesystem
-URI (s3://, gs://, ...), with globs.
+Parquet and JSONL rows (JSONL also gzip'd, as `.jsonl.gz`: Paloma's shards) are one document each, read from
+`--text-column`; `--domain-column` names the column (or `path`, the file) that groups them into domains. A
+plain-text file is one document per non-empty line: Ray's text reader splits a file into lines, and lines are
+the largest unit that can stream without holding a whole file's worth of grouping state (each text file is
+still read whole, so a single multi-GB .txt file needs that much memory; split it into shards). Paths are local
+or any pyarrow filesystem URI (s3://, gs://, ...), with globs.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import fnmatch
 import glob
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute
 import pyarrow.fs
 
 from raylm.errors import InputError
@@ -24,7 +26,9 @@ if TYPE_CHECKING:
     import ray.data
 
 FORMATS = ("auto", "parquet", "jsonl", "txt")
-_SUFFIXES = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".txt": "txt"}
+_SUFFIXES = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".jsonl.gz": "jsonl", ".json.gz": "jsonl",
+             ".txt": "txt"}
+PATH_DOMAIN = "path"  # --domain-column path: each file its own domain
 
 
 def detect_format(data: str) -> str:
@@ -57,6 +61,27 @@ def expand_paths(data: str) -> list[str]:
     return paths
 
 
+def data_files(data: str | Sequence[str]) -> list[dict[str, Any]]:
+    """Every file the corpus reads, with its size and modification time: what a checkpoint keys the data by, so
+    that a file replaced, grown or touched since is noticed. A directory counts as the files under it."""
+    out = []
+    for path in [p for d in ([data] if isinstance(data, str) else data) for p in expand_paths(d)]:
+        try:
+            fs, root = pyarrow.fs.FileSystem.from_uri(path) if "://" in path else (
+                pyarrow.fs.LocalFileSystem(), os.path.abspath(os.path.expanduser(path)))
+            info = fs.get_file_info(root)
+            infos = (fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))
+                     if info.type == pyarrow.fs.FileType.Directory else [info])
+        except (OSError, ValueError) as e:
+            raise InputError(path, f"cannot read the corpus: {_first_line(e)}") from e
+        for i in sorted(infos, key=lambda i: i.path):
+            if i.type == pyarrow.fs.FileType.NotFound:
+                raise InputError(path, "cannot read the corpus: no such file")
+            if i.type == pyarrow.fs.FileType.File:
+                out.append({"path": i.path, "size": i.size, "mtime_ns": i.mtime_ns})
+    return out
+
+
 def _glob_match(path: str, pattern: str) -> bool:
     """Glob semantics for listed paths: `*` stays within one directory unless the pattern has `**`."""
     same_depth = "**" in pattern or path.count("/") == pattern.count("/")
@@ -64,10 +89,12 @@ def _glob_match(path: str, pattern: str) -> bool:
 
 
 def read_corpus(data: str | Sequence[str], fmt: str = "auto", text_column: str = "text",
-                limit_docs: int | None = None, keep_empty_lines: bool = False) -> ray.data.Dataset:
+                limit_docs: int | None = None, keep_empty_lines: bool = False,
+                domain_column: str | None = None) -> ray.data.Dataset:
     """Lazily read the corpus (one path or glob, or several of one format); the column names are checked now so a
     wrong one fails before any model loads. `keep_empty_lines` keeps a text file's empty lines as empty documents,
-    so that a row's index in its file is its line number."""
+    so that a row's index in its file is its line number. A `domain_column` other than `path` is kept as a
+    `domain` column."""
     import ray.data  # here, not at the top: it takes a second to import and `raylm eval` never needs it
 
     sources = [data] if isinstance(data, str) else list(data)
@@ -95,9 +122,13 @@ def read_corpus(data: str | Sequence[str], fmt: str = "auto", text_column: str =
         raise InputError(data, "the corpus has no rows")
     if text_column not in schema.names:
         raise InputError(data, f"no such column (columns: {', '.join(schema.names)})", field=text_column)
-    ds = ds.select_columns([text_column, "path"])
-    if text_column != "text":
-        ds = ds.rename_columns({text_column: "text"})
+    domain = domain_column not in (None, PATH_DOMAIN)
+    if domain and domain_column not in schema.names:
+        raise InputError(data, f"no such column (columns: {', '.join(schema.names)})", field=domain_column)
+    ds = ds.select_columns([text_column, "path", *([domain_column] if domain else [])])
+    renames = {text_column: "text", **({domain_column: "domain"} if domain else {})}
+    if any(old != new for old, new in renames.items()):
+        ds = ds.rename_columns({old: new for old, new in renames.items() if old != new})
     # Output order = input order, so the driver can number documents as they arrive and --limit-docs takes
     # the first N.
     ds.context.execution_options.preserve_order = True
@@ -111,6 +142,20 @@ def document_texts(batch: pa.Table) -> list[str]:
         if not isinstance(text, str):
             raise InputError(path, f"expected a document's text, got {type(text).__name__}", field="text")
     return texts
+
+
+def document_domains(batch: pa.Table) -> pa.Array:
+    """A batch's `domain` column as strings, refusing a row without one (a null) with its file and field."""
+    domains = batch["domain"]
+    try:
+        domains = pa.compute.cast(domains, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise InputError(batch["path"][0].as_py(), f"a domain must be a string or a number, got {domains.type}",
+                         field="domain") from e
+    if domains.null_count:
+        first = domains.is_null().to_pylist().index(True)
+        raise InputError(batch["path"][first].as_py(), "a document without a domain (null)", field="domain")
+    return domains.combine_chunks() if isinstance(domains, pa.ChunkedArray) else domains
 
 
 def _first_line(e: Exception) -> str:

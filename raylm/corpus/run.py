@@ -11,19 +11,25 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute
 import ray
 from tqdm import tqdm
 
 from raylm.cluster.runtime import connect, local_cpus_needed, plan_actors
-from raylm.corpus import READ_CPUS, SCORING_DOCS_PER_BATCH
+from raylm.cluster.scheduler import shard_delay
+from raylm.corpus import CHECKPOINT_EVERY_S, READ_CPUS, SCORING_DOCS_PER_BATCH
 from raylm.corpus.doc_scoring import DocKL, DocPerplexity, DocPseudoPerplexity, take_prefix_sharing
-from raylm.corpus.read import FORMATS, read_corpus
+from raylm.corpus.read import FORMATS, PATH_DOMAIN, data_files, read_corpus
+from raylm.corpus.resume import BATCH_COLUMN, RESUMED_COLUMN, CorpusCheckpoint, Resuming, corpus_manifest
 from raylm.corpus.stream import PartialParquet, stream_batches
 from raylm.errors import RaylmError
 from raylm.models.context import context_length
@@ -33,7 +39,7 @@ from raylm.models.spec import ModelSpec, check_model_path
 from raylm.requests.masked import MaskedEncoder
 from raylm.results.metrics import kl_metrics, ppl_metrics, pseudo_ppl_metrics
 from raylm.results.report import prefix_sharing, run_config
-from raylm.results.sums import corpus_batch_sums, merge
+from raylm.results.sums import CorpusSums
 from raylm.scoring.mlm import MASKED_PREFIX_SHARING
 from raylm.storage.atomic import write_atomic
 from raylm.storage.location import Location, location
@@ -42,8 +48,6 @@ from raylm.storage.ownership import RESULTS, check_results_owner
 
 log = logging.getLogger(__name__)
 
-# Batch sums are folded into one every this many batches, so the driver's state stays small on any corpus.
-COLLAPSE_PARTS = 1024
 KL_PREFIX_SHARING = "unpacked (raylm kl scores each window in its own row)"
 PROBE_TEXT = "Probe: the tokenizers of both models must encode this the same way, 0123 äöü 東京 🙂\n  end."
 
@@ -64,6 +68,9 @@ class CorpusConfig:
     # --placement-timeout: seconds the model actors may take to start (Ray Data's wait_for_min_actors_s, which
     # counts the model load too); None waits as long as it takes, as Ray Data does
     placement_timeout_s: float | None = None
+    domain_column: str | None = None  # a column of the corpus, or `path` (each file a domain); None: no domains
+    overwrite: bool = False  # discard another run's results and checkpoint in the output directory
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S  # how often the scored documents are saved to the checkpoint
 
     @property
     def kind(self) -> str:
@@ -75,6 +82,8 @@ class CorpusConfig:
                 spec.validate()
         if self.fmt not in FORMATS:
             raise RaylmError(f"unknown --format '{self.fmt}' (use {', '.join(FORMATS)})")
+        if self.checkpoint_every_s < 0:
+            raise RaylmError(f"--checkpoint-every must not be negative, got {self.checkpoint_every_s:g}")
         for name, value in (("--max-length", self.max_length), ("--stride", self.stride), ("--actors", self.actors),
                             ("--limit-docs", self.limit_docs), ("docs per batch", self.docs_per_batch)):
             if value is not None and value < 1:
@@ -92,6 +101,7 @@ class CorpusResult:
     prefix_sharing: str | list[str] | None = None
     scorer: str = "causal"
     kl_width: int | None = None  # KL over the first kl_width ids (models of different logits widths); None: all
+    docs_resumed: int = 0  # documents whose rows came from the checkpoint of an earlier, interrupted run
 
     @property
     def label(self) -> str:
@@ -175,7 +185,8 @@ def resolve_lengths(cfg: CorpusConfig) -> tuple[int, int, str, int | None]:
 
 def run_corpus(cfg: CorpusConfig, out_dir: str | os.PathLike[str] | Location) -> CorpusResult:
     """Score the corpus, write DIR/samples/<kind>.parquet and DIR/results.json, and return the metrics; DIR's lock
-    is held meanwhile (raylm.storage.lock)."""
+    is held meanwhile (raylm.storage.lock), and the scored documents are checkpointed under DIR as they come
+    (raylm.corpus.resume), so that the same command after a kill resumes."""
     cfg.validate()
     out_dir = location(out_dir)
     with output_lock(out_dir):
@@ -192,10 +203,15 @@ def _run_corpus(cfg: CorpusConfig, out_dir: Location) -> CorpusResult:
     cfg = replace(cfg, model=pin_revision(cfg.model),
                   model_b=pin_revision(cfg.model_b) if cfg.model_b is not None else None)
     max_length, stride, scorer, width = resolve_lengths(cfg)
+    options = {"format": cfg.fmt, "text_column": cfg.text_column, "domain_column": cfg.domain_column,
+               "max_length": max_length, "stride": stride, "scorer": scorer, "kl_width": width,
+               "limit_docs": cfg.limit_docs, "docs_per_batch": cfg.docs_per_batch}
     # CPU actors leave one CPU to Ray Data's read tasks, or the stream would stall with every CPU held by an
     # actor waiting for input.
     connect(min_cpus=local_cpus_needed(cfg.actors, READ_CPUS))
-    ds = read_corpus(cfg.data, cfg.fmt, cfg.text_column, cfg.limit_docs)
+    ds = read_corpus(cfg.data, cfg.fmt, cfg.text_column, cfg.limit_docs, domain_column=cfg.domain_column)
+    manifest = corpus_manifest(cfg.kind, [m for m in (cfg.model, cfg.model_b) if m], data_files(cfg.data), options)
+    checkpoint = CorpusCheckpoint(out_dir, manifest, cfg.overwrite, cfg.checkpoint_every_s)
     # The work of a streamed corpus is not known before it is read: the cluster's count (raylm.cluster.placement).
     recipe, n = plan_actors(cfg.model, cfg.actors, None, reserve_cpus=READ_CPUS)
     log.info("placement: %s", recipe.reason)
@@ -208,48 +224,77 @@ def _run_corpus(cfg: CorpusConfig, out_dir: Location) -> CorpusResult:
     else:
         model_b = replace(cfg.model_b, device=recipe.spec.device)
         fn, args = DocKL, (recipe.spec, model_b, max_length, stride, recipe.threads, width)
-    scored = ds.map_batches(fn, fn_constructor_args=args, batch_size=cfg.docs_per_batch, batch_format="pyarrow",
-                            compute=ray.data.ActorPoolStrategy(size=n), **recipe.options())
+    scored = ds.map_batches(Resuming, fn_constructor_args=(fn, args, checkpoint.saved), batch_size=cfg.docs_per_batch,
+                            batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=n), **recipe.options())
     label = result_label(cfg, scorer)
     try:
-        sums, verdicts = _stream(scored, out_dir / "samples" / f"{label}.parquet", cfg.progress, cfg.data)
+        sums, domains, verdicts, resumed = _stream(scored, out_dir / "samples" / f"{label}.parquet", cfg, checkpoint)
     except ray.exceptions.GetTimeoutError as e:
         raise RaylmError(f"{n} model actor(s) asking for {recipe.num_cpus:g} CPU and {recipe.num_gpus:g} GPU each did "
                          f"not all start within --placement-timeout {cfg.placement_timeout_s:g} s (a node with room "
                          "for them, or their model load, took longer)") from e
-    metrics = {"ppl": ppl_metrics, "pseudo_ppl": pseudo_ppl_metrics, "kl": kl_metrics}[label](sums)
+    metrics = domain_metrics({"ppl": ppl_metrics, "pseudo_ppl": pseudo_ppl_metrics, "kl": kl_metrics}[label],
+                             sums, domains if cfg.domain_column else None)
     sharing = {"ppl": prefix_sharing(verdicts), "pseudo_ppl": MASKED_PREFIX_SHARING, "kl": KL_PREFIX_SHARING}[label]
     commits = [scored_commit(m) for m in (cfg.model, cfg.model_b) if m]
-    result = CorpusResult(asked, metrics, max_length, stride, time.time() - start, commits, sharing, scorer, width)
+    result = CorpusResult(asked, metrics, max_length, stride, time.time() - start, commits, sharing, scorer, width,
+                          resumed)
     write_atomic(out_dir / RESULTS, json.dumps(results_dict(result), indent=2, default=str).encode())
     return result
 
 
-def _stream(scored: ray.data.Dataset, samples: Location, progress: bool,
-            source: str) -> tuple[dict[str, float], list[str]]:
-    """Fold per-document batches into sums while appending them to the samples file, numbering documents; and the
-    actors' distinct prefix-sharing verdicts, which are taken off the rows. A corpus with nothing to score leaves
-    no samples file behind."""
-    parts: list[dict[str, float]] = []
+def domain_metrics(metrics_of: Callable[[dict[str, float]], dict[str, Any]], sums: dict[str, float],
+                   domains: dict[str, dict[str, float]] | None) -> dict[str, Any]:
+    """The corpus's metrics; with domains, also each domain's (`domains`, by name) and Paloma's macro average,
+    the unweighted mean over the domains of each figure computed from the sums (`macro`)."""
+    metrics = metrics_of(sums)
+    if domains is None:
+        return metrics
+    per_domain = {name: metrics_of(domains[name]) for name in sorted(domains)}
+    # The figures are what the metrics compute from the sums (ratios), not the sums and counts themselves.
+    figures = [key for key, value in metrics.items() if isinstance(value, float) and value is not sums.get(key)]
+    macro = {key: math.fsum(m[key] for m in per_domain.values()) / len(per_domain) for key in figures}
+    return {**metrics, "domains": per_domain, "macro": macro}
+
+
+def _stream(scored: ray.data.Dataset, samples: Location, cfg: CorpusConfig, checkpoint: CorpusCheckpoint
+            ) -> tuple[dict[str, float], dict[str, dict[str, float]], list[str], int]:
+    """Fold per-document batches into sums, the corpus's and each domain's, while appending them to the samples
+    file, numbering documents, and handing the newly scored ones to the checkpoint. Also returns the actors'
+    distinct prefix-sharing verdicts, which are taken off the rows, and how many documents were resumed. A
+    corpus with nothing to score leaves no samples file behind."""
+    total, domains = CorpusSums(), defaultdict(CorpusSums)
     verdicts: set[str] = set()
-    docs = 0
-    with PartialParquet(samples) as out, tqdm(unit="doc", disable=not progress, desc="scoring") as bar:
+    docs = resumed = 0
+    domain = "path" if cfg.domain_column == PATH_DOMAIN else "domain"
+    delay = shard_delay()  # RAYLM_SHARD_DELAY_S: a pause after each arriving block, for kill drills
+    with PartialParquet(samples) as out, tqdm(unit="doc", disable=not cfg.progress, desc="scoring") as bar:
         for batch in stream_batches(scored, "corpus scoring"):
             if batch.num_rows == 0:
                 continue
-            batch = take_prefix_sharing(batch, verdicts)
+            checkpoint.add(batch)
+            resumed += pa.compute.sum(batch[RESUMED_COLUMN]).as_py() or 0
+            batch = take_prefix_sharing(batch.drop_columns([RESUMED_COLUMN, BATCH_COLUMN]), verdicts)
             batch = batch.add_column(0, "doc", pa.array(range(docs, docs + batch.num_rows), pa.int64()))
             docs += batch.num_rows
             out.write(batch)
-            parts.append(corpus_batch_sums(batch))
-            if len(parts) >= COLLAPSE_PARTS:
-                parts = [merge(parts)]
+            total.add(batch)
+            if cfg.domain_column:
+                for name, rows in _by_domain(batch, domain):
+                    domains[name].add(rows)
             bar.update(batch.num_rows)
-        sums = merge(parts)
+            time.sleep(delay)
+        sums = total.value()
         if not sums.get("tokens"):
-            raise RaylmError(f"{source}: the corpus has no text to score "
+            raise RaylmError(f"{cfg.data}: the corpus has no text to score "
                              f"({int(sums.get('docs', 0))} documents, 0 tokens)")
-    return sums, sorted(verdicts)
+    checkpoint.save(final=True)
+    return sums, {name: d.value() for name, d in domains.items()}, sorted(verdicts), resumed
+
+
+def _by_domain(batch: pa.Table, column: str) -> list[tuple[str, pa.Table]]:
+    names = batch[column]
+    return [(name, batch.filter(pa.compute.equal(names, name))) for name in names.unique().to_pylist()]
 
 
 def results_dict(result: CorpusResult) -> dict[str, Any]:
@@ -263,5 +308,6 @@ def results_dict(result: CorpusResult) -> dict[str, Any]:
             max_length=result.max_length, stride=result.stride, prefix_sharing=result.prefix_sharing,
             scorer=result.scorer, pll=cfg.model.pll if result.scorer == "mlm" else None,
             model_commit=result.commits[0], model_b_commit=result.commits[1] if cfg.model_b else None,
+            docs_resumed=result.docs_resumed,
             **({"kl_width": result.kl_width} if cfg.model_b else {})),
     }
