@@ -8,7 +8,7 @@ two shards both compute counts against raylm.
 
     PYTHONPATH=$PWD python bench/floor.py --model gpt2-small --rows 200
     PYTHONPATH=$PWD python bench/floor.py --model gpt2-small --rows 20 --tasks mmlu_local --include-path DIR \\
-        --num-fewshot 5          # DIR: python tests/offline_tasks.py ../shared/data/hf-mmlu DIR
+        --num-fewshot 5          # DIR: python tests/offline_tasks.py MMLU_MIRROR DIR
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one GPU check, for the day an accelerator (an H200) is lent: random weights of real shapes throughout, every
+# The one GPU check, for a machine with a GPU (an H200 or H100): random weights of real shapes throughout, every
 # step capped so that the whole run ends within GPU_CHECK_S seconds (default 450: under 8 minutes with start-up).
 # First, here: `bash bench/gpu_carry.sh` (lm-eval's wheel and HellaSwag's offline rows into ignored folders); then
 # on the device, from the repository root, carrying .whl and .gpu-data:
@@ -15,7 +15,7 @@
 set -u
 DOCS=${DOCS:-10000}
 GPU_CHECK_S=${GPU_CHECK_S:-450}
-PYTHON=${PYTHON:-python3}  # the lent H200 image: python3 is the interpreter that holds PyTorch
+PYTHON=${PYTHON:-python3}  # the GPU machine's image: python3 is the interpreter that holds PyTorch
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

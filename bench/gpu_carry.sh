@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run HERE (a machine with the package registry), before bench/gpu.sh runs on a lent accelerator:
-# puts into git-ignored folders what the lent H200 image lacks, for the device run to carry.
+# Run HERE (a machine with the package registry), before bench/gpu.sh runs on a GPU machine without it:
+# puts into git-ignored folders what the GPU machine's image lacks, for the device run to carry.
 #   .whl/       lm-eval 0.4.13's wheel (pure Python; HFLM needs nothing else the image lacks: torch, transformers,
 #               accelerate, numpy, jinja2, pyyaml, tqdm are there; Ray and datasets are not, and are not needed)
 #   .gpu-data/  HellaSwag's 1,000 offline validation rows (the packaged demo has 300; the full set is 10,042)

@@ -11,7 +11,7 @@
   against the checkpoint's size), and, on a machine with two GPUs, over both (raylm's device-map plan) with the
   same scores as on one.
 
-The lent H200 image has torch, transformers and accelerate but neither Ray nor datasets; lm-eval only when carried
+The GPU machine's image has torch, transformers and accelerate but neither Ray nor datasets; lm-eval only when carried
 as a wheel (bench/gpu_carry.sh). Without it the lm-eval columns say so and the rest runs. At a tiny size on CPU
 (tests/test_bench_gpu_driver.py) every check runs end to end; there the two-device case spreads the model over the
 CPU and a disk offload folder instead, through the same code.

@@ -33,7 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+from common import DATA, GPT2_TOKENIZER
+
 MAX_LENGTH = 1024
 
 
@@ -41,7 +42,7 @@ def corpus(articles: int) -> dict[str, list[str]]:
     """WikiText-2 test articles, and paragraphs (non-heading lines) from the articles after them."""
     from raylm.tasks.wikitext import load_docs
 
-    pages = [d.text for d in load_docs(SHARED / "data")]
+    pages = [d.text for d in load_docs(DATA)]
     paragraphs = [line.strip() for page in pages[articles:] for line in page.splitlines()
                   if line.strip() and not line.strip().startswith("=")]
     return {"articles": pages[:articles], "paragraphs": paragraphs[:8 * articles]}
@@ -53,7 +54,7 @@ def write_model(path: Path) -> None:
 
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config()).save_pretrained(path)
-    AutoTokenizer.from_pretrained(SHARED / "data" / "models" / "gpt2-tokenizer").save_pretrained(path)
+    AutoTokenizer.from_pretrained(GPT2_TOKENIZER).save_pretrained(path)
 
 
 def lmeval_worker(model: str, docs: str, out: str, device: str, batch_size: int) -> None:

@@ -1,5 +1,5 @@
-"""bench/gpu_driver.py and bench/gpu_numerics.py only ever run for real on a lent accelerator, with minutes of device
-time and no chance to debug: their CPU smoke modes here keep them from rotting between those rare runs. The lent
+"""bench/gpu_driver.py and bench/gpu_numerics.py only ever run for real on a GPU machine, with minutes of device
+time and no chance to debug: their CPU smoke modes here keep them from rotting between those rare runs. The GPU
 machine's image has torch and transformers but neither Ray nor datasets (and Ray's wheel is too big to carry there),
 so the smoke runs make those two unimportable, as they are there."""
 

@@ -52,7 +52,7 @@ EXERCISED_ELSEWHERE = {
     ("python", "tests/fixture_data.py"): "tests/conftest.py unpacks the tests' data with it",
     ("python", "tests/offline_tasks.py"): "tests/conftest.py's local_tasks fixture calls it",
     ("python", "bench/"): "a benchmark, run on a quiet machine (tests/test_bench_gpu_driver.py runs the GPU one)",
-    ("bash", "bench/"): "the GPU benchmark, run on a lent accelerator",
+    ("bash", "bench/"): "the GPU benchmark, run on a GPU machine",
     ("ray", "up"): "needs a cloud account (cluster.yaml validates in tests/test_cluster_config.py)",
     ("ray", "down"): "needs a cloud account",
     ("ray", "dashboard"): "needs a launched cluster",
