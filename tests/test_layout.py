@@ -15,7 +15,7 @@ RAYLM = Path(__file__).resolve().parents[1] / "raylm"
 
 # The data path, first to last: a package may import only packages before it (tests below check the table too).
 STAGES = ("storage", "cache", "data", "tasks", "models", "requests", "scoring", "config", "cluster", "results",
-          "corpus", "evaluate", "sweep", "probe", "contamination", "cli", "api", "lm_eval", "__main__")
+          "corpus", "evaluate", "sweep", "probe", "contamination", "compare", "cli", "api", "lm_eval", "__main__")
 
 # package -> the raylm packages it imports (besides itself and errors): exactly those, so the table says what the
 # code does. Top-level modules are named bare.
@@ -28,7 +28,7 @@ ALLOWED = {
     # the driver's encoder is built from a model's tokenizer and config; tables are kept in the cache, atomically
     "requests": {"cache", "models", "storage", "tasks"},
     "scoring": {"models", "requests"},  # and a scored shard's predictions and sums, which its actor computes
-    "config": {"models", "requests", "tasks"},
+    "config": {"models", "requests", "storage", "tasks"},  # an output is a storage Location, parsed once
     "cluster": {"models", "requests", "scoring", "storage"},
     "results": {"config", "models", "requests", "scoring", "storage", "tasks"},
     "corpus": {"cluster", "models", "requests", "results", "scoring", "storage"},
@@ -39,7 +39,9 @@ ALLOWED = {
     # cluster) -> overlaps and clean sets (results); membership's driver sends task documents to corpus/'s model
     # actors, whose maths is scoring/'s (models: which model, pinned)
     "contamination": {"cluster", "config", "corpus", "models", "results", "scoring", "storage", "tasks"},
-    "cli": {"cluster", "config", "contamination", "corpus", "data", "evaluate", "models", "probe",
+    # finished outputs read back (raylm compare, raylm report): a stage after every one that writes them
+    "compare": {"results", "storage"},
+    "cli": {"cluster", "compare", "config", "contamination", "corpus", "data", "evaluate", "models", "probe",
             "requests", "results", "storage", "sweep", "tasks"},
     "api": {"cluster", "config", "models", "requests", "tasks"},
     "lm_eval": {"api"},  # the Python API's earlier home, kept for old scripts (deprecated)
