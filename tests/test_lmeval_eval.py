@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 from conftest import DATA, STORIES, tasks_only
-from fixture_data import ZERO_SHOT, read_golden
+from fixture_data import ORIGINAL, read_golden
 from lm_eval.result_schema import EvalResults
 from lm_eval.utils import get_file_task_name, make_table, sanitize_model_name
 from pydantic import TypeAdapter, ValidationError
@@ -63,13 +63,16 @@ def eval_args(local_tasks, out, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def cli_run(ray_session, tasks_dir, tmp_path_factory):
+def wandb_dir(tmp_path_factory):
+    """Where cli_run's lm-eval W&B logging, in W&B's offline mode, keeps the run's files."""
+    return tmp_path_factory.mktemp("wandb-dir")
+
+
+@pytest.fixture(scope="module")
+def cli_run(ray_session, tasks_dir, wandb_dir, tmp_path_factory):
     """The command line through main() on the session's Ray: a process and a Ray of its own would prove nothing
     the demo's and the error tests' CLI runs (tests/test_cli.py) do not."""
     lmeval_out = tmp_path_factory.mktemp("lmeval-cli") / "out"
-    # lm-eval's W&B logging in W&B's offline mode: the run's files stay in the test's own folder
-    wandb_dir = lmeval_out.parent / "wandb-dir"
-    wandb_dir.mkdir()
     argv = eval_args(tasks_dir, lmeval_out, "--log-samples", "--wandb_args", "project=raylm-tests,mode=offline",
                      f"dir={wandb_dir}", "--wandb_config_args", "suite=lmeval")
     argv[argv.index("--output")] = "--output_path"  # lm-eval's layout, raylm's own folder inside it
@@ -80,10 +83,10 @@ def cli_run(ray_session, tasks_dir, tmp_path_factory):
     return printed.getvalue(), out, json.loads((out / "results.json").read_text())
 
 
-def test_wandb_args_log_lm_evals_tables_through_its_own_logger(cli_run):
+def test_wandb_args_log_lm_evals_tables_through_its_own_logger(cli_run, wandb_dir):
     """--wandb_args: lm-eval's WandbLogger logged the results table, every task's metrics and samples, offline."""
-    _, out, results = cli_run
-    [run_dir] = (out.parents[2] / "wandb-dir" / "wandb").glob("offline-run-*")
+    _, _, results = cli_run
+    [run_dir] = (wandb_dir / "wandb").glob("offline-run-*")
     [table_file] = (run_dir / "files" / "media" / "table" / "evaluation").glob("eval_results_*.table.json")
     table = json.loads(table_file.read_text())
     assert table["columns"] == ["Tasks", "Version", "Filter", "num_fewshot", "Metric", "Value", "Stderr"]
@@ -158,7 +161,7 @@ def test_results_json_is_as_valid_an_eval_results_as_lm_evals_own(cli_run, local
     ours = schema_problems(results)
     # lm-eval's own output departs in these two ways too: its configs hold lists and dicts, and a metric without
     # a stderr function (wikitext's perplexities) gets "N/A".
-    golden = read_golden(ZERO_SHOT)
+    golden = read_golden(ORIGINAL)
     theirs = schema_problems({"results": golden["results"]}) | schema_problems(
         {"configs": {"t": tasks_only(local_tasks).load(["arc_easy_local"])["tasks"][
             "arc_easy_local"].dump_config()}})

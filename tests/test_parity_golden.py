@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from lm_eval.utils import sanitize_model_name
 from parity_fixtures import ADAPTER, CHATML, GOLDEN_DIR, LLAMA3_STYLE, RUNS, STORIES, chat_model, merged_model, \
     parity_data, task_dir, tiny_gpt2, wikitext_data
 
@@ -258,6 +259,7 @@ def test_an_lm_eval_command_line_runs_end_to_end_and_records_the_template(env, r
             str(env["data"]), "--apply_chat_template", "--fewshot_as_multiturn", "--num_fewshot", "2", "--limit", "8", "--output_path",
             str(out), "--log_samples", "--no-progress"]
     assert main(argv) == 0
+    out = out / sanitize_model_name(str(env["models"]["chat"])) / ".raylm"  # raylm's folder in lm-eval's layout
     written = json.loads((out / "results.json").read_text())
     assert written["chat_template"] == golden["chat_template"]
     assert written["chat_template_sha"] == golden["chat_template_sha"]
