@@ -28,7 +28,8 @@ from transformers import AutoTokenizer
 
 from raylm.cluster.actors import ScoringActor
 from raylm.corpus import doc_scoring
-from raylm.corpus.doc_scoring import PREFIX_SHARING_COLUMN, DocPerplexity
+from raylm.corpus.doc_scoring import DocPerplexity
+from raylm.scoring.documents import PREFIX_SHARING_COLUMN
 from raylm.models.loading import load_implementation, load_model
 from raylm.models.spec import ModelSpec
 from raylm.requests.encoding import Encoder
@@ -304,12 +305,12 @@ def test_corpus_scorer_matches_float64_reference(zoo, corpus_texts, family, reco
     out = scorer_docs(pa.table({"text": corpus_texts, "path": ["mem"] * len(corpus_texts)}))
     model64 = zoo.model64(family)
     # The actor's own tokenizer: AutoTokenizer picks its class by the model's config (Qwen2's is not Llama's).
-    encoder = scorer_docs.encoder
+    encoder = scorer_docs.documents.encoder
     expected = np.array([reference_strided_nll(model64, encoder.tokenizer, t, MAX_LENGTH, STRIDE)[0]
                          for t in corpus_texts])
     nll = np.array(out["nll"].to_pylist())
     record_property("max_abs_corpus_vs_f64", float(np.abs(nll - expected).max()))
-    assert (scorer_docs.scorer.packed_rows > 0) == EXPECTED[family][1]
+    assert (scorer_docs.documents.scorer.packed_rows > 0) == EXPECTED[family][1]
     assert set(out[PREFIX_SHARING_COLUMN].to_pylist()) == {attention_plan(zoo.model(family)).prefix_sharing}
     assert within(np.abs(nll - expected), np.array(out["tokens"].to_pylist()), expected)
 

@@ -33,12 +33,13 @@ ALLOWED = {
     "results": {"config", "models", "requests", "scoring", "storage", "tasks"},
     "corpus": {"cluster", "models", "requests", "results", "scoring", "storage"},
     "evaluate": {"cluster", "config", "models", "requests", "results", "storage", "tasks"},
-    "sweep": {"cluster", "config", "data", "evaluate", "models", "results", "storage", "tasks"},
+    # a sweep's corpora are raylm ppl runs (corpus) on its resident actors
+    "sweep": {"cluster", "config", "corpus", "data", "evaluate", "models", "results", "storage", "tasks"},
     "probe": {"data", "models", "results", "scoring", "storage"},
     # a corpus job beside corpus/: task queries (tasks) -> n-grams -> a corpus streamed by Ray Data (corpus,
     # cluster) -> overlaps and clean sets (results); membership's driver sends task documents to corpus/'s model
     # actors, whose maths is scoring/'s (models: which model, pinned)
-    "contamination": {"cluster", "config", "corpus", "models", "results", "scoring", "storage", "tasks"},
+    "contamination": {"cluster", "config", "corpus", "models", "requests", "results", "scoring", "storage", "tasks"},
     # finished outputs read back (raylm compare, raylm report): a stage after every one that writes them
     "compare": {"results", "storage"},
     "cli": {"cluster", "compare", "config", "contamination", "corpus", "data", "evaluate", "models", "probe",

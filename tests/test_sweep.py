@@ -4,6 +4,7 @@ equal to a plain evaluation, resuming skips finished points, and bad sweep files
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,6 +24,21 @@ from raylm.sweep.run import SUPERSEDED_DIR, run_sweep
 REPO = Path(__file__).resolve().parents[1]
 POINTS = ("0shot-limit3-batchauto", "1shot-limit3-batchauto")
 TASKS = ("winogrande", "wikitext")
+CORPUS_POINT = "corpus-wiki"  # the sweep's corpus: WikiText lines in two domains, as gzip'd JSONL
+
+
+def write_corpus(directory: Path) -> Path:
+    """Eight WikiText lines, two domains (headings and paragraphs), as Paloma ships its shards."""
+    import gzip
+
+    lines = [line for line in (DATA / "wikitext-2" / "test.txt").read_text(encoding="utf-8").splitlines()
+             if line.strip()][:8]
+    path = directory / "wiki.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for line in lines:
+            kind = "heading" if line.strip().startswith("=") else "paragraph"
+            f.write(json.dumps({"text": line, "source": kind}) + "\n")
+    return path
 
 
 def write_sweep(tmp_path: Path, tiny_llama: Path, tiny_gpt2: Path) -> Path:
@@ -31,6 +47,7 @@ def write_sweep(tmp_path: Path, tiny_llama: Path, tiny_gpt2: Path) -> Path:
         link = tmp_path / "models" / name
         if not link.exists():
             link.symlink_to(source)
+    write_corpus(tmp_path)
     path = tmp_path / "sweep.yaml"
     path.write_text(f"""\
 models:
@@ -39,6 +56,11 @@ models:
   - path: models/gpt2
     dtype: float32
 tasks: [winogrande, wikitext]
+corpora:
+  - name: wiki
+    data: wiki.jsonl.gz     # relative to this file
+    domain_column: source
+    max_length: 32
 data_dir: {DATA}
 device: cpu
 settings:
@@ -88,11 +110,26 @@ def test_sweep_writes_every_point_and_report(swept):
             assert pq.read_table(out / model / point / "samples" / "winogrande.parquet").num_rows == 6
     csv_lines = (out / "summary.csv").read_text().splitlines()
     assert csv_lines[0].startswith("model,point,dtype,quantization,num_fewshot,limit,batch_size,winogrande acc,")
-    assert len(csv_lines) == 5
+    assert csv_lines[0].endswith(",corpus,domain,bits_per_byte,token_perplexity,word_perplexity,byte_perplexity,"
+                                 "tokens,docs")
+    # 4 task points, then per model the corpus, its macro average and its two domains
+    assert len(csv_lines) == 1 + 4 + 2 * 4
+    results = json.loads((out / "llama-float32" / CORPUS_POINT / "results.json").read_text())["results"]["ppl"]
+    assert csv_lines[5].startswith(f"llama-float32,{CORPUS_POINT},float32,")
+    assert csv_lines[5].endswith(f",wiki,,{results['bits_per_byte']!r},{results['token_perplexity']!r},"
+                                 f"{results['word_perplexity']!r},{results['byte_perplexity']!r},"
+                                 f"{results['tokens']!r},{results['docs']!r}")
+    assert [line.split(",")[-7] for line in csv_lines[5:9]] == ["", "(macro)", "heading", "paragraph"]
     table = (out / "summary.md").read_text().splitlines()
-    assert table[0] == "| model | point | winogrande acc | wikitext word_perplexity | wikitext bits_per_byte |"
-    assert len(table) == 6 and " ± " in table[2]
-    for png in ("metrics.png", "winogrande_norm_scores.png"):
+    assert table[:3] == ["## Tasks", "", "| model | point | winogrande acc | wikitext word_perplexity | "
+                                        "wikitext bits_per_byte |"]
+    assert len(table) == 2 + 6 + 3 + 10 and " ± " in table[4]  # headings, tasks table, gap, corpora table
+    corpora = table[table.index("## Corpora") + 2:]
+    assert corpora[0] == ("| model | corpus | domain | bits_per_byte | token_perplexity | word_perplexity | "
+                          "byte_perplexity | tokens | docs |")
+    assert corpora[2].startswith(f"| llama-float32 | wiki | all | {results['bits_per_byte']:.4f} |")
+    assert corpora[3].startswith("| llama-float32 | wiki | macro average | ")
+    for png in ("metrics.png", "winogrande_norm_scores.png", "corpora.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (out / "wikitext_norm_scores.png").exists()
 
@@ -119,7 +156,7 @@ def test_each_model_loaded_once_for_all_its_points(swept):
     manifest = json.loads((out / "sweep.json").read_text())
     pids = {}
     for model in ("llama-float32", "gpt2-float32"):
-        assert manifest[model]["loads"] == 1 and manifest[model]["points_run"] == list(POINTS)
+        assert manifest[model]["loads"] == 1 and manifest[model]["points_run"] == [*POINTS, CORPUS_POINT]
         used = {tuple(json.loads((out / model / p / "results.json").read_text())["config"]["sweep"]["actor_pids"])
                 for p in POINTS}
         assert used == {tuple(manifest[model]["actor_pids"])}
@@ -159,11 +196,50 @@ def test_resume_runs_only_unfinished_points(swept, tiny_llama, tiny_gpt2, monkey
     monkeypatch.setattr(raylm.sweep.run, "start_actors", starts)
     runs = run_sweep(sweep, out)
     assert starts.models == ["llama"]
-    assert runs["llama-float32"].points_run == [POINTS[1]] and runs["llama-float32"].points_skipped == [POINTS[0]]
-    assert runs["gpt2-float32"].loads == 0 and runs["gpt2-float32"].points_skipped == list(POINTS)
+    assert runs["llama-float32"].points_run == [POINTS[1]]
+    assert runs["llama-float32"].points_skipped == [POINTS[0], CORPUS_POINT]
+    assert runs["gpt2-float32"].loads == 0 and runs["gpt2-float32"].points_skipped == [*POINTS, CORPUS_POINT]
     assert {p: (out / "gpt2-float32" / p / "results.json").read_bytes() for p in POINTS} == gpt2_before
     assert (out / "llama-float32" / POINTS[1] / "results.json").is_file()
-    assert len((out / "summary.csv").read_text().splitlines()) == 5
+    assert len((out / "summary.csv").read_text().splitlines()) == 13
+
+
+def test_a_corpus_point_equals_a_standalone_raylm_ppl_run(swept, tmp_path):
+    """The corpus scored on the sweep's resident actor (raylm.corpus.resident) against `raylm ppl`'s own path, a Ray
+    Data actor pool loading the model, on the same corpus and options: counts and the domains exact; each
+    document's NLL to float32 rounding (the two score other windows side by side: other kernel shapes)."""
+    from raylm.corpus.run import run_corpus
+
+    sweep, out, _, _ = swept
+    model, corpus = sweep.models[1], sweep.corpora[0]
+    standalone = run_corpus(sweep.corpus_config(model, corpus), tmp_path / "ppl")
+    swept_results = json.loads((out / model.name / CORPUS_POINT / "results.json").read_text())
+    assert swept_results["config"]["command"] == "ppl" and swept_results["config"]["max_length"] == 32
+    ppl = swept_results["results"]["ppl"]
+    for figures, expected in [(ppl, standalone.metrics), *((ppl["domains"][d], standalone.metrics["domains"][d])
+                                                           for d in ("heading", "paragraph"))]:
+        assert {k: figures[k] for k in ("tokens", "words", "bytes", "chars", "docs")} == \
+            {k: expected[k] for k in ("tokens", "words", "bytes", "chars", "docs")}
+        assert figures["bits_per_byte"] == pytest.approx(expected["bits_per_byte"], rel=1e-6)
+    assert ppl["macro"]["bits_per_byte"] == pytest.approx(standalone.metrics["macro"]["bits_per_byte"], rel=1e-6)
+    docs = pq.read_table(out / model.name / CORPUS_POINT / "samples" / "ppl.parquet")
+    plain = pq.read_table(tmp_path / "ppl" / "samples" / "ppl.parquet")
+    assert docs.drop_columns(["nll"]).equals(plain.drop_columns(["nll"]))
+    assert docs["nll"].to_pylist() == pytest.approx(plain["nll"].to_pylist(), rel=1e-6)
+
+
+def test_a_corpus_point_whose_corpus_changed_is_rerun(swept):
+    """A corpus point is current while its checkpoint's manifest is the one raylm ppl would key it to now: the
+    corpus file rewritten is another config, whose point runs afresh."""
+    from raylm.sweep.run import corpus_is_current
+
+    sweep, out, _, _ = swept
+    model, corpus = sweep.models[0], sweep.corpora[0]
+    assert corpus_is_current(sweep, model, corpus, out)
+    os.utime(corpus.data, ns=(1, 1))  # the same bytes, another modification time: as a rewritten file
+    assert not corpus_is_current(sweep, model, corpus, out)
+    assert not (out / model.name / CORPUS_POINT).exists()
+    assert list((out / SUPERSEDED_DIR).glob(f"*/{model.name}/{CORPUS_POINT}/results.json"))
 
 
 BAD = {
@@ -180,7 +256,10 @@ BAD = {
                        "line 3: models[1].name: 'gpt2' is already used by models[0]"),
     "dtype twice": ("models:\n  - path: gpt2\n    dtype: float32\ntasks: [hellaswag]\nsettings:\n  dtype: [bfloat16]\n",
                     "line 3: models[0].dtype: also given in settings.dtype"),
-    "missing tasks": ("models: [gpt2]\n", "line 1: tasks: missing"),
+    "missing tasks": ("models: [gpt2]\n", "line 1: tasks: missing (a sweep file needs 'tasks', 'corpora' or both)"),
+    "corpus without data": ("models: [gpt2]\ncorpora:\n  - name: web\n", "line 3: corpora[0].data: missing"),
+    "corpus format": ("models: [gpt2]\ncorpora:\n  - {name: web, data: x.bin, format: bin}\n",
+                      "line 3: corpora[0].format: unknown format 'bin'"),
     "not yaml": ("models: [gpt2\ntasks: [hellaswag]\n", "line 2: not valid YAML"),
     "bad batch size": ("models: [gpt2]\ntasks: [hellaswag]\nsettings:\n  batch_size: [auto, big]\n",
                        "line 4: settings.batch_size: must be 'auto' or a positive integer, got 'big'"),

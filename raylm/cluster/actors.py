@@ -32,6 +32,7 @@ from raylm.requests.generation import is_generation
 from raylm.requests.masked import UNSCORED
 from raylm.requests.shards import LMEVAL_KIND
 from raylm.requests.table import MASKED_COLUMNS
+from raylm.scoring.documents import DocumentNLL, DocumentPLL, document_scorer
 from raylm.scoring.mlm import MASKED_PREFIX_SHARING, MaskedScorer
 from raylm.scoring.scorer import RequestDoesNotFit, Scorer
 from raylm.scoring.startup_check import REAL_REQUESTS, checked_plan
@@ -111,6 +112,8 @@ class ScoringActor(DeferredStartup):
         spec = device_here(spec)
         self.spec, self.batch_size = spec, batch_size
         self.generator: Generator | None = None  # built on the first generation shard: most runs have none
+        # a sweep's corpus scorer, by (max_length, stride): built on its first batch of documents
+        self.documents: dict[tuple[int, int], DocumentNLL | DocumentPLL] = {}
         config = load_config(spec)
         if resolve_scorer(spec, config) == "mlm":
             self.scorer: Scorer | MaskedScorer = MaskedScorer.from_spec(spec, batch_size)
@@ -142,6 +145,15 @@ class ScoringActor(DeferredStartup):
             real = (head["context"].to_pylist(), head["continuation"].to_pylist())
             self.scorer.plan = checked_plan(self.scorer.model, self.scorer.max_length, self.scorer.plan, real)
         return score_shard(self.scorer, kind, shard)
+
+    def score_documents(self, batch: pa.Table, max_length: int, stride: int) -> pa.Table:
+        """A batch of corpus documents -> a row per document (raylm.scoring.documents) on the resident model: a
+        sweep's corpora are scored by the actor that holds the model for its tasks, not by a model loaded again."""
+        self.check_started()
+        if (max_length, stride) not in self.documents:
+            self.documents[max_length, stride] = document_scorer(load_tokenizer(self.spec), self.scorer, max_length,
+                                                                 stride)
+        return self.documents[max_length, stride](batch)
 
     def _generator(self) -> Generator:
         """The model's generation engine, with the tokenizer it decodes with (loaded as the driver loads it)."""

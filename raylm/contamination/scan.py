@@ -29,7 +29,8 @@ from raylm.contamination import DEFAULT_NGRAM
 from raylm.contamination.documents import ScanTasks, load_scan_tasks
 from raylm.contamination.ngrams import NgramFilter, NgramIndex, TaskDocument, words
 from raylm.corpus import READ_CPUS, SCAN_ROWS_PER_BATCH
-from raylm.corpus.read import FORMATS, document_texts, read_corpus
+from raylm.corpus.read import FORMATS, read_corpus
+from raylm.requests.documents import document_texts
 from raylm.corpus.stream import PartialParquet, stream_batches
 from raylm.errors import RaylmError
 from raylm.storage.location import Location, location

@@ -16,8 +16,6 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.compute
 import pyarrow.fs
 
 from raylm.errors import InputError
@@ -90,11 +88,12 @@ def _glob_match(path: str, pattern: str) -> bool:
 
 def read_corpus(data: str | Sequence[str], fmt: str = "auto", text_column: str = "text",
                 limit_docs: int | None = None, keep_empty_lines: bool = False,
-                domain_column: str | None = None) -> ray.data.Dataset:
+                domain_column: str | None = None, read_cpus: float | None = None) -> ray.data.Dataset:
     """Lazily read the corpus (one path or glob, or several of one format); the column names are checked now so a
     wrong one fails before any model loads. `keep_empty_lines` keeps a text file's empty lines as empty documents,
     so that a row's index in its file is its line number. A `domain_column` other than `path` is kept as a
-    `domain` column."""
+    `domain` column. `read_cpus`: the CPUs each read task asks for (None: Ray Data's default, one), 0 where
+actors that hold every CPU wait for the rows."""
     import ray.data  # here, not at the top: it takes a second to import and `raylm eval` never needs it
 
     sources = [data] if isinstance(data, str) else list(data)
@@ -105,13 +104,15 @@ def read_corpus(data: str | Sequence[str], fmt: str = "auto", text_column: str =
                                "at a time")
     fmt = formats.pop()
     paths = [p for d in sources for p in expand_paths(d)]
+    remote = {} if read_cpus is None else {"num_cpus": read_cpus}
     try:
         if fmt == "parquet":
-            ds = ray.data.read_parquet(paths, include_paths=True)
+            ds = ray.data.read_parquet(paths, include_paths=True, ray_remote_args=remote)
         elif fmt == "jsonl":
-            ds = ray.data.read_json(paths, include_paths=True)
+            ds = ray.data.read_json(paths, include_paths=True, ray_remote_args=remote)
         elif fmt == "txt":
-            ds = ray.data.read_text(paths, include_paths=True, drop_empty_lines=not keep_empty_lines)
+            ds = ray.data.read_text(paths, include_paths=True, drop_empty_lines=not keep_empty_lines,
+                                    ray_remote_args=remote)
             text_column = "text"
         else:
             raise InputError(data, f"unknown format '{fmt}' (use {', '.join(FORMATS)})")
@@ -125,37 +126,14 @@ def read_corpus(data: str | Sequence[str], fmt: str = "auto", text_column: str =
     domain = domain_column not in (None, PATH_DOMAIN)
     if domain and domain_column not in schema.names:
         raise InputError(data, f"no such column (columns: {', '.join(schema.names)})", field=domain_column)
-    ds = ds.select_columns([text_column, "path", *([domain_column] if domain else [])])
+    ds = ds.select_columns([text_column, "path", *([domain_column] if domain else [])], **remote)
     renames = {text_column: "text", **({domain_column: "domain"} if domain else {})}
     if any(old != new for old, new in renames.items()):
-        ds = ds.rename_columns({old: new for old, new in renames.items() if old != new})
+        ds = ds.rename_columns({old: new for old, new in renames.items() if old != new}, **remote)
     # Output order = input order, so the driver can number documents as they arrive and --limit-docs takes
     # the first N.
     ds.context.execution_options.preserve_order = True
     return ds.limit(limit_docs) if limit_docs is not None else ds
-
-
-def document_texts(batch: pa.Table) -> list[str]:
-    """A batch's texts, refusing a row whose text is not a string (a null, a number) with its file and field."""
-    texts = batch["text"].to_pylist()
-    for path, text in zip(batch["path"].to_pylist(), texts):
-        if not isinstance(text, str):
-            raise InputError(path, f"expected a document's text, got {type(text).__name__}", field="text")
-    return texts
-
-
-def document_domains(batch: pa.Table) -> pa.Array:
-    """A batch's `domain` column as strings, refusing a row without one (a null) with its file and field."""
-    domains = batch["domain"]
-    try:
-        domains = pa.compute.cast(domains, pa.string())
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        raise InputError(batch["path"][0].as_py(), f"a domain must be a string or a number, got {domains.type}",
-                         field="domain") from e
-    if domains.null_count:
-        first = domains.is_null().to_pylist().index(True)
-        raise InputError(batch["path"][first].as_py(), "a document without a domain (null)", field="domain")
-    return domains.combine_chunks() if isinstance(domains, pa.ChunkedArray) else domains
 
 
 def _first_line(e: Exception) -> str:

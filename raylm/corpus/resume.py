@@ -53,6 +53,14 @@ def saved_batches(rows: pa.Table | None) -> dict[str, pa.Table]:
     return out
 
 
+def tagged(rows: pa.Table, key: str, resumed: bool) -> pa.Table:
+    """Rows as the driver folds them: rows scored now get their batch's key (saved rows have it already), and every
+    row whether it came from the checkpoint."""
+    if not resumed:
+        rows = rows.append_column(BATCH_COLUMN, pa.array([key] * rows.num_rows, pa.string()))
+    return rows.append_column(RESUMED_COLUMN, pa.array([resumed] * rows.num_rows, pa.bool_()))
+
+
 class Resuming:
     """A Ray Data callable around a corpus scorer (raylm.corpus.doc_scoring): a batch whose rows the checkpoint
     holds is answered with them, any other is scored. Every row gets its batch's key and whether it was resumed."""
@@ -64,11 +72,7 @@ class Resuming:
     def __call__(self, batch: pa.Table) -> pa.Table:
         key = batch_key(batch)
         rows = self.saved.get(key)
-        resumed = rows is not None
-        if not resumed:
-            rows = self.scorer(batch)
-            rows = rows.append_column(BATCH_COLUMN, pa.array([key] * rows.num_rows, pa.string()))
-        return rows.append_column(RESUMED_COLUMN, pa.array([resumed] * rows.num_rows, pa.bool_()))
+        return tagged(self.scorer(batch), key, False) if rows is None else tagged(rows, key, True)
 
 
 def corpus_manifest(kind: str, models: list, data: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any]:

@@ -15,13 +15,14 @@ import math
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute
 import ray
+from ray.actor import ActorHandle
 from tqdm import tqdm
 
 from raylm.cluster.runtime import connect, local_cpus_needed, plan_actors
@@ -29,6 +30,7 @@ from raylm.cluster.scheduler import shard_delay
 from raylm.corpus import CHECKPOINT_EVERY_S, READ_CPUS, SCORING_DOCS_PER_BATCH
 from raylm.corpus.doc_scoring import DocKL, DocPerplexity, DocPseudoPerplexity, take_prefix_sharing
 from raylm.corpus.read import FORMATS, PATH_DOMAIN, data_files, read_corpus
+from raylm.corpus.resident import on_resident_actors
 from raylm.corpus.resume import BATCH_COLUMN, RESUMED_COLUMN, CorpusCheckpoint, Resuming, corpus_manifest
 from raylm.corpus.stream import PartialParquet, stream_batches
 from raylm.errors import RaylmError
@@ -45,6 +47,9 @@ from raylm.storage.atomic import write_atomic
 from raylm.storage.location import Location, location
 from raylm.storage.lock import output_lock
 from raylm.storage.ownership import RESULTS, check_results_owner
+
+if TYPE_CHECKING:
+    import ray.data
 
 log = logging.getLogger(__name__)
 
@@ -183,22 +188,35 @@ def resolve_lengths(cfg: CorpusConfig) -> tuple[int, int, str, int | None]:
     return max_length, stride, scorer, width
 
 
-def run_corpus(cfg: CorpusConfig, out_dir: str | os.PathLike[str] | Location) -> CorpusResult:
+def run_corpus(cfg: CorpusConfig, out_dir: str | os.PathLike[str] | Location,
+               actors: list[ActorHandle] | None = None) -> CorpusResult:
     """Score the corpus, write DIR/samples/<kind>.parquet and DIR/results.json, and return the metrics; DIR's lock
     is held meanwhile (raylm.storage.lock), and the scored documents are checkpointed under DIR as they come
-    (raylm.corpus.resume), so that the same command after a kill resumes."""
+    (raylm.corpus.resume), so that the same command after a kill resumes. `actors`: a sweep's resident scoring
+    actors, which score a ppl corpus on the model they hold (raylm.corpus.resident); without them, a Ray Data
+    actor pool loads the model(s) for this run."""
     cfg.validate()
     out_dir = location(out_dir)
     with output_lock(out_dir):
         check_results_owner(out_dir, cfg.kind)
-        return _run_corpus(cfg, out_dir)
+        return _run_corpus(cfg, out_dir, actors)
 
 
-def _run_corpus(cfg: CorpusConfig, out_dir: Location) -> CorpusResult:
-    import ray.data  # see raylm.corpus.read.read_corpus
+@dataclass(frozen=True)
+class Plan:
+    """A corpus run as its numbers are decided before anything is read: models pinned to a commit, the lengths,
+    the scorer, and what its checkpoint is keyed to."""
 
-    start = time.time()
-    asked = cfg
+    config: CorpusConfig
+    max_length: int
+    stride: int
+    scorer: str
+    kl_width: int | None
+    manifest: dict[str, Any]
+
+
+def plan_corpus(cfg: CorpusConfig) -> Plan:
+    """Also what a sweep compares a corpus point's checkpoint with, to tell whether its results are current."""
     # Actors of the pool may start at different times: each must load the same commit of a hub model.
     cfg = replace(cfg, model=pin_revision(cfg.model),
                   model_b=pin_revision(cfg.model_b) if cfg.model_b is not None else None)
@@ -206,12 +224,48 @@ def _run_corpus(cfg: CorpusConfig, out_dir: Location) -> CorpusResult:
     options = {"format": cfg.fmt, "text_column": cfg.text_column, "domain_column": cfg.domain_column,
                "max_length": max_length, "stride": stride, "scorer": scorer, "kl_width": width,
                "limit_docs": cfg.limit_docs, "docs_per_batch": cfg.docs_per_batch}
-    # CPU actors leave one CPU to Ray Data's read tasks, or the stream would stall with every CPU held by an
-    # actor waiting for input.
-    connect(min_cpus=local_cpus_needed(cfg.actors, READ_CPUS))
-    ds = read_corpus(cfg.data, cfg.fmt, cfg.text_column, cfg.limit_docs, domain_column=cfg.domain_column)
     manifest = corpus_manifest(cfg.kind, [m for m in (cfg.model, cfg.model_b) if m], data_files(cfg.data), options)
-    checkpoint = CorpusCheckpoint(out_dir, manifest, cfg.overwrite, cfg.checkpoint_every_s)
+    return Plan(cfg, max_length, stride, scorer, width, manifest)
+
+
+def _run_corpus(cfg: CorpusConfig, out_dir: Location, actors: list[ActorHandle] | None) -> CorpusResult:
+    start = time.time()
+    asked = cfg
+    plan = plan_corpus(cfg)
+    cfg = plan.config
+    if actors is None:
+        # CPU actors leave one CPU to Ray Data's read tasks, or the stream would stall with every CPU held by an
+        # actor waiting for input.
+        connect(min_cpus=local_cpus_needed(cfg.actors, READ_CPUS))
+    elif cfg.kind != "ppl":
+        raise RaylmError(f"raylm {cfg.kind} runs on actors of its own; a sweep's resident actors score ppl only")
+    # A sweep's resident actors hold the CPUs they were given: its reads ask for none.
+    ds = read_corpus(cfg.data, cfg.fmt, cfg.text_column, cfg.limit_docs, domain_column=cfg.domain_column,
+                     read_cpus=None if actors is None else 0)
+    checkpoint = CorpusCheckpoint(out_dir, plan.manifest, cfg.overwrite, cfg.checkpoint_every_s)
+    label = result_label(cfg, plan.scorer)
+    samples = out_dir / "samples" / f"{label}.parquet"
+    if actors is None:
+        sums, domains, verdicts, resumed = _on_actor_pool(ds, plan, checkpoint, samples)
+    else:
+        batches = on_resident_actors(ds, actors, plan.max_length, plan.stride, checkpoint.saved, cfg.docs_per_batch)
+        sums, domains, verdicts, resumed = _stream(batches, samples, cfg, checkpoint)
+    metrics = domain_metrics({"ppl": ppl_metrics, "pseudo_ppl": pseudo_ppl_metrics, "kl": kl_metrics}[label],
+                             sums, domains if cfg.domain_column else None)
+    sharing = {"ppl": prefix_sharing(verdicts), "pseudo_ppl": MASKED_PREFIX_SHARING, "kl": KL_PREFIX_SHARING}[label]
+    commits = [scored_commit(m) for m in (cfg.model, cfg.model_b) if m]
+    result = CorpusResult(asked, metrics, plan.max_length, plan.stride, time.time() - start, commits, sharing,
+                          plan.scorer, plan.kl_width, resumed)
+    write_atomic(out_dir / RESULTS, json.dumps(results_dict(result), indent=2, default=str).encode())
+    return result
+
+
+def _on_actor_pool(ds: ray.data.Dataset, plan: Plan, checkpoint: CorpusCheckpoint, samples: Location
+                   ) -> tuple[dict[str, float], dict[str, dict[str, float]], list[str], int]:
+    """The corpus scored by a Ray Data actor pool that loads the model(s) for this run, folded by _stream."""
+    import ray.data  # see raylm.corpus.read.read_corpus
+
+    cfg = plan.config
     # The work of a streamed corpus is not known before it is read: the cluster's count (raylm.cluster.placement).
     recipe, n = plan_actors(cfg.model, cfg.actors, None, reserve_cpus=READ_CPUS)
     log.info("placement: %s", recipe.reason)
@@ -219,28 +273,19 @@ def _run_corpus(cfg: CorpusConfig, out_dir: Location) -> CorpusResult:
         ds.context.wait_for_min_actors_s = cfg.placement_timeout_s
     # The actors load onto the placement's device (recipe.spec); Q lives beside P.
     if cfg.model_b is None:
-        fn = DocPseudoPerplexity if scorer == "mlm" else DocPerplexity
-        args = (recipe.spec, max_length, stride, recipe.threads)
+        fn = DocPseudoPerplexity if plan.scorer == "mlm" else DocPerplexity
+        args = (recipe.spec, plan.max_length, plan.stride, recipe.threads)
     else:
         model_b = replace(cfg.model_b, device=recipe.spec.device)
-        fn, args = DocKL, (recipe.spec, model_b, max_length, stride, recipe.threads, width)
+        fn, args = DocKL, (recipe.spec, model_b, plan.max_length, plan.stride, recipe.threads, plan.kl_width)
     scored = ds.map_batches(Resuming, fn_constructor_args=(fn, args, checkpoint.saved), batch_size=cfg.docs_per_batch,
                             batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=n), **recipe.options())
-    label = result_label(cfg, scorer)
     try:
-        sums, domains, verdicts, resumed = _stream(scored, out_dir / "samples" / f"{label}.parquet", cfg, checkpoint)
+        return _stream(stream_batches(scored, "corpus scoring"), samples, cfg, checkpoint)
     except ray.exceptions.GetTimeoutError as e:
         raise RaylmError(f"{n} model actor(s) asking for {recipe.num_cpus:g} CPU and {recipe.num_gpus:g} GPU each did "
                          f"not all start within --placement-timeout {cfg.placement_timeout_s:g} s (a node with room "
                          "for them, or their model load, took longer)") from e
-    metrics = domain_metrics({"ppl": ppl_metrics, "pseudo_ppl": pseudo_ppl_metrics, "kl": kl_metrics}[label],
-                             sums, domains if cfg.domain_column else None)
-    sharing = {"ppl": prefix_sharing(verdicts), "pseudo_ppl": MASKED_PREFIX_SHARING, "kl": KL_PREFIX_SHARING}[label]
-    commits = [scored_commit(m) for m in (cfg.model, cfg.model_b) if m]
-    result = CorpusResult(asked, metrics, max_length, stride, time.time() - start, commits, sharing, scorer, width,
-                          resumed)
-    write_atomic(out_dir / RESULTS, json.dumps(results_dict(result), indent=2, default=str).encode())
-    return result
 
 
 def domain_metrics(metrics_of: Callable[[dict[str, float]], dict[str, Any]], sums: dict[str, float],
@@ -257,7 +302,7 @@ def domain_metrics(metrics_of: Callable[[dict[str, float]], dict[str, Any]], sum
     return {**metrics, "domains": per_domain, "macro": macro}
 
 
-def _stream(scored: ray.data.Dataset, samples: Location, cfg: CorpusConfig, checkpoint: CorpusCheckpoint
+def _stream(batches: Iterator[pa.Table], samples: Location, cfg: CorpusConfig, checkpoint: CorpusCheckpoint
             ) -> tuple[dict[str, float], dict[str, dict[str, float]], list[str], int]:
     """Fold per-document batches into sums, the corpus's and each domain's, while appending them to the samples
     file, numbering documents, and handing the newly scored ones to the checkpoint. Also returns the actors'
@@ -269,7 +314,7 @@ def _stream(scored: ray.data.Dataset, samples: Location, cfg: CorpusConfig, chec
     domain = "path" if cfg.domain_column == PATH_DOMAIN else "domain"
     delay = shard_delay()  # RAYLM_SHARD_DELAY_S: a pause after each arriving block, for kill drills
     with PartialParquet(samples) as out, tqdm(unit="doc", disable=not cfg.progress, desc="scoring") as bar:
-        for batch in stream_batches(scored, "corpus scoring"):
+        for batch in batches:
             if batch.num_rows == 0:
                 continue
             checkpoint.add(batch)

@@ -14,11 +14,12 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from raylm.config import DEFAULT_SHARD_REQUESTS, EvalConfig, check_limit, parse_batch_size
+from raylm.corpus.read import FORMATS as CORPUS_FORMATS
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.data.yaml_nodes import NodeReader, read_top
 from raylm.errors import RaylmError
@@ -36,13 +37,18 @@ from raylm.tasks import TASKS
 from raylm.tasks.lmeval.selection import refuse_native_clash
 
 PACKAGED = "raylm:demo"  # the packaged stories260K model (as a model path) or the packaged data (as data_dir)
-TOP_KEYS = ("models", "tasks", "settings", "data_dir", "include_path", "seed", "device", "actors_per_model", "num_gpus",
-            "num_cpus", "max_length", "decontaminate", "shard_size", "apply_chat_template", "fewshot_as_multiturn",
-            "system_instruction", "chat_template_args", "metadata", "placement_timeout", "gen_kwargs")
+TOP_KEYS = ("models", "tasks", "corpora", "settings", "data_dir", "include_path", "seed", "device", "actors_per_model",
+            "num_gpus", "num_cpus", "max_length", "decontaminate", "shard_size", "apply_chat_template",
+            "fewshot_as_multiturn", "system_instruction", "chat_template_args", "metadata", "placement_timeout",
+            "gen_kwargs")
 MODEL_KEYS = ("path", "name", "dtype", "load_in_4bit", "load_in_8bit", "revision", "scorer", "pll", "max_length",
               "peft", "add_bos_token", "prefix_token_id")
+CORPUS_KEYS = ("name", "data", "text_column", "format", "domain_column", "max_length", "stride")
 SETTING_KEYS = ("num_fewshot", "limit", "batch_size", "dtype", "quantization")
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+if TYPE_CHECKING:
+    from raylm.corpus.run import CorpusConfig
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,23 @@ class SweepPoint:
     num_fewshot: int | None  # None: each lm-eval task's own default (native tasks: 0)
     limit: int | float | None  # below 1: a fraction of each task's documents
     batch_size: int | None
+
+
+@dataclass(frozen=True)
+class SweepCorpus:
+    """A corpus every model scores as `raylm ppl` would, with its options; its point's folder is `corpus-<name>`."""
+
+    name: str
+    data: str  # a path (relative ones resolved against the sweep file), glob or storage URI
+    fmt: str = "auto"
+    text_column: str = "text"
+    domain_column: str | None = None
+    max_length: int | None = None
+    stride: int | None = None
+
+    @property
+    def point(self) -> str:
+        return f"corpus-{self.name}"
 
 
 @dataclass(frozen=True)
@@ -83,6 +106,7 @@ class Sweep:
     prompt: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] | None = None
     gen_kwargs: dict[str, Any] | None = None  # raylm eval's --gen-kwargs, for every generate_until task
+    corpora: tuple[SweepCorpus, ...] = ()  # each model scores each as a point of its own, on its resident actor
 
     def config(self, model: SweepModel, point: SweepPoint) -> EvalConfig:
         seeds = {} if self.seed is None else {"fewshot_seed": self.seed, "random_seed": self.seed,
@@ -95,16 +119,28 @@ class Sweep:
                           **self.prompt, **seeds)
 
 
+    def corpus_config(self, model: SweepModel, corpus: SweepCorpus) -> CorpusConfig:
+        """The corpus as `raylm ppl` runs it for this model."""
+        from raylm.corpus.run import CorpusConfig
+
+        return CorpusConfig(model.spec, corpus.data, fmt=corpus.fmt, text_column=corpus.text_column,
+                            max_length=corpus.max_length, stride=corpus.stride, actors=self.actors_per_model,
+                            progress=False, domain_column=corpus.domain_column)
+
+
 def load_sweep(path: Path) -> Sweep:
     """Parse and check a sweep file; relative model and data paths resolve against the file's directory."""
-    r, top = read_top(path, "sweep file", TOP_KEYS, ("models", "tasks"))
+    r, top = read_top(path, "sweep file", TOP_KEYS, ("models",))
+    if "tasks" not in top and "corpora" not in top:
+        raise RaylmError(f"{path}: line 1: tasks: missing (a sweep file needs 'tasks', 'corpora' or both)")
     base = path.resolve().parent
     grid = r.mapping(top["settings"], "settings", SETTING_KEYS) if "settings" in top else {}
     defaults = {"device": _device(r, top), "max_length": _positive(r, top, "max_length", int, None)}
     models = _models(r, top["models"], grid, base, defaults)
     include_path = _directory(r, top["include_path"], base, "include_path") if "include_path" in top else None
+    tasks = _tasks(r, top["tasks"], include_path) if "tasks" in top else ()
     sweep = Sweep(
-        source=path, models=models, points=_points(r, grid), tasks=_tasks(r, top["tasks"], include_path),
+        source=path, models=models, points=_points(r, grid) if tasks else (), tasks=tasks,
         data_dir=_data_dir(r, top["data_dir"], base) if "data_dir" in top else None, include_path=include_path,
         seed=r.typed(top["seed"], "seed", int, "an integer") if "seed" in top else None,
         actors_per_model=_positive(r, top, "actors_per_model", int, 1),
@@ -115,6 +151,7 @@ def load_sweep(path: Path) -> Sweep:
         placement_timeout=_positive(r, top, "placement_timeout", (int, float), None),
         prompt=_prompt(r, top), metadata=_plain_mapping(r, top, "metadata"),
         gen_kwargs=_plain_mapping(r, top, "gen_kwargs"),
+        corpora=_corpora(r, top["corpora"], base) if "corpora" in top else (),
     )
     for model in sweep.models:
         for point in sweep.points:
@@ -123,6 +160,47 @@ def load_sweep(path: Path) -> Sweep:
             except RaylmError as e:
                 raise RaylmError(f"{path}: {e}") from e
     return sweep
+
+
+def _corpora(r: NodeReader, node: yaml.Node, base: Path) -> tuple[SweepCorpus, ...]:
+    """`corpora:`: each a mapping with a `name` (its points' folder) and `data`, and optionally raylm ppl's
+    --text-column, --format, --domain-column, --max-length and --stride."""
+    if not isinstance(node, yaml.SequenceNode) or not node.value:
+        raise r.fail(node, "corpora", "must be a non-empty list of mappings with a 'name' and 'data'")
+    out: dict[str, SweepCorpus] = {}
+    for i, item in enumerate(node.value):
+        key = f"corpora[{i}]"
+        fields = r.mapping(item, key, CORPUS_KEYS)
+        for required in ("name", "data"):
+            if required not in fields:
+                raise r.fail(item, f"{key}.{required}", "missing (each corpus needs a 'name' and its 'data')")
+        name = r.typed(fields["name"], f"{key}.name", str, "a string")
+        if not NAME.match(name):
+            raise r.fail(fields["name"], f"{key}.name",
+                         f"{name!r} is not a usable folder name (letters, digits, . _ -)")
+        if name in out:
+            raise r.fail(fields["name"], f"{key}.name", f"{name!r} names another corpus too; give each a distinct name")
+        text = {k: r.typed(fields[k], f"{key}.{k}", str, "a string")
+                for k in ("text_column", "format", "domain_column") if k in fields}
+        if text.get("format", "auto") not in CORPUS_FORMATS:
+            raise r.fail(fields["format"], f"{key}.format",
+                         f"unknown format {text['format']!r} (use {', '.join(CORPUS_FORMATS)})")
+        lengths = {k: _count(r, fields[k], r.scalar(fields[k], f"{key}.{k}"), f"{key}.{k}", 1)
+                   for k in ("max_length", "stride") if k in fields}
+        out[name] = SweepCorpus(name, _corpus_data(r, fields["data"], base, f"{key}.data"), text.get("format", "auto"),
+                                text.get("text_column", "text"), text.get("domain_column"), **lengths)
+    return tuple(out.values())
+
+
+def _corpus_data(r: NodeReader, node: yaml.Node, base: Path, key: str) -> str:
+    """A storage URI as it is; a local path or glob relative to the sweep file, a plain path that must exist."""
+    value = r.typed(node, key, str, "a path, glob or storage URI")
+    if "://" in value:
+        return value
+    path = base / Path(value).expanduser()
+    if not any(c in value for c in "*?[") and not path.exists():
+        raise r.fail(node, key, f"'{path}' does not exist")
+    return os.path.abspath(path)
 
 
 def _prompt(r: NodeReader, top: dict[str, yaml.Node]) -> dict[str, Any]:

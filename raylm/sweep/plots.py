@@ -1,4 +1,5 @@
-"""A finished sweep's points -> PNG plots: headline metrics per model, and acc_norm's score distributions."""
+"""A finished sweep's points -> PNG plots: headline metrics per model, acc_norm's score distributions, and bits per
+byte per model over each corpus and its domains."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from raylm.results.distributions import choice_scores, draw_choice_scores, score
 from raylm.storage.atomic import write_atomic
 from raylm.storage.location import Location
 from raylm.sweep.config import Sweep
-from raylm.sweep.summary import Row, headline_metrics
+from raylm.sweep.summary import MACRO, WHOLE, CorpusRow, Row, headline_metrics
 
-METRICS_PNG = "metrics.png"
+METRICS_PNG, CORPORA_PNG = "metrics.png", "corpora.png"
+LABELLED_DOMAINS = 12  # more domains than this are drawn unlabelled (Paloma has 585)
 
 
 def _pyplot():
@@ -48,6 +50,33 @@ def plot_metrics(sweep: Sweep, rows: list[Row], path: Location) -> None:
         ax.set_title(f"{task} {metric}")
         ax.set_xticks(np.arange(len(points)), points, rotation=20, ha="right", fontsize=8)
     axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    _save(fig, plt, path)
+
+
+def plot_corpora(sweep: Sweep, rows: list[CorpusRow], path: Location) -> None:
+    """One panel per corpus: bits per byte across the models in the sweep file's order (checkpoints of a training
+    run, typically), the whole corpus in bold, the macro average dashed, each domain a thin line."""
+    plt = _pyplot()
+    corpora = [c.name for c in sweep.corpora]
+    models = [m.name for m in sweep.models]
+    fig, axes = plt.subplots(1, len(corpora), figsize=(5.5 * len(corpora), 3.8), squeeze=False)
+    for ax, corpus in zip(axes.flat, corpora):
+        lines: dict[str, dict[str, float]] = {}
+        for row in rows:
+            if row.corpus == corpus:
+                lines.setdefault(row.domain, {})[row.model] = row.figures["bits_per_byte"]
+        domains = [d for d in lines if d not in (WHOLE, MACRO)]
+        for domain in domains:
+            ax.plot(models, [lines[domain].get(m, np.nan) for m in models], linewidth=0.8, alpha=0.6,
+                    label=domain if len(domains) <= LABELLED_DOMAINS else None)
+        if MACRO in lines:
+            ax.plot(models, [lines[MACRO][m] for m in models], "k--", linewidth=1.5, label="macro average")
+        ax.plot(models, [lines[WHOLE][m] for m in models], "k-o", linewidth=2.2, label="all documents")
+        ax.set_title(corpus)
+        ax.set_ylabel("bits per byte")
+        ax.tick_params(axis="x", rotation=20, labelsize=8)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     _save(fig, plt, path)
 

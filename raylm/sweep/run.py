@@ -1,8 +1,9 @@
 """Running a sweep: one model-resident actor per model, which runs every point for that model before release.
 
-Each model gets a driver thread that starts its actor(s), evaluates its points one after another on them and
-kills them; Ray places the actors, so models run side by side as far as GPUs (or CPUs) allow and queue
-otherwise. Each point is a `raylm eval --output` folder of its own: it checkpoints its shards there, so a killed
+Each model gets a driver thread that starts its actor(s), evaluates its points one after another on them, then
+scores the sweep's corpora on the same actors (raylm.corpus.resident: each corpus a point of its own, a
+`raylm ppl --output` folder `corpus-<name>`), and kills them; Ray places the actors, so models run side by side
+as far as GPUs (or CPUs) allow and queue otherwise. Each point is a `raylm eval --output` folder of its own: it checkpoints its shards there, so a killed
 sweep resumes inside the point it was in, with any number of actors. A point is skipped only when its folder
 holds this very config's finished results (point_is_current), and a model with nothing left to run is never
 loaded.
@@ -29,6 +30,7 @@ from raylm.cluster.runtime import (
     wants_gpu,
 )
 from raylm.config import EvalConfig
+from raylm.corpus.run import plan_corpus, run_corpus
 from raylm.errors import RaylmError, RemoteError, first_line
 from raylm.evaluate import evaluate, run_fingerprint
 from raylm.models.identity import pin_revision
@@ -39,9 +41,9 @@ from raylm.storage.atomic import write_atomic
 from raylm.storage.location import Location, location, prepare_output
 from raylm.storage.lock import output_lock
 from raylm.storage.ownership import CHECKPOINT_DIR, RESULTS
-from raylm.sweep.config import Sweep, SweepModel, SweepPoint
-from raylm.sweep.plots import METRICS_PNG, plot_metrics, plot_norm_scores
-from raylm.sweep.summary import SUMMARY_CSV, SUMMARY_MD, collect, summary_csv, summary_markdown
+from raylm.sweep.config import Sweep, SweepCorpus, SweepModel, SweepPoint
+from raylm.sweep.plots import CORPORA_PNG, METRICS_PNG, plot_corpora, plot_metrics, plot_norm_scores
+from raylm.sweep.summary import SUMMARY_CSV, SUMMARY_MD, collect, collect_corpora, summary_csv, summary_markdown
 from raylm.tasks import TASKS, get_task
 
 log = logging.getLogger(__name__)
@@ -59,8 +61,8 @@ class ModelRun:
     points_skipped: list[str] = field(default_factory=list)
 
 
-def point_dir(out: Location, model: SweepModel, point: SweepPoint) -> Location:
-    return out / model.name / point.name
+def point_dir(out: Location, model: SweepModel, point: SweepPoint | str) -> Location:
+    return out / model.name / (point if isinstance(point, str) else point.name)
 
 
 def run_sweep(sweep: Sweep, out: str | os.PathLike[str] | Location) -> dict[str, ModelRun]:
@@ -76,13 +78,18 @@ def run_sweep(sweep: Sweep, out: str | os.PathLike[str] | Location) -> dict[str,
         # Pinned once, so that the points judged current and the points run are judged and run on one commit.
         sweep = replace(sweep, models=tuple(replace(m, spec=pin_revision(m.spec)) for m in sweep.models))
         runs = {m.name: ModelRun() for m in sweep.models}
-        todo: dict[str, list[SweepPoint]] = {}
+        todo: dict[str, tuple[list[SweepPoint], list[SweepCorpus]]] = {}
         for model in sweep.models:
             for point in sweep.points:
                 if point_is_current(sweep, model, point, out):
                     runs[model.name].points_skipped.append(point.name)
                 else:
-                    todo.setdefault(model.name, []).append(point)
+                    todo.setdefault(model.name, ([], []))[0].append(point)
+            for corpus in sweep.corpora:
+                if corpus_is_current(sweep, model, corpus, out):
+                    runs[model.name].points_skipped.append(corpus.point)
+                else:
+                    todo.setdefault(model.name, ([], []))[1].append(corpus)
         failures = _run_models(sweep, todo, out, runs) if todo else {}
         _write_manifest(out, runs)
         finished = tuple(m for m in sweep.models if m.name not in failures)
@@ -136,11 +143,37 @@ def point_is_current(sweep: Sweep, model: SweepModel, point: SweepPoint, out: st
             # The shards are this run's; the metrics also depend on the scan --decontaminate reads, which no shard
             # does: results of another scan are recomputed from the checkpoint, which the rerun resumes whole.
             return (where / RESULTS).is_file() and _scan_of(where / RESULTS) == scan_digest(sweep.decontaminate)
-    aside = out / SUPERSEDED_DIR / time.strftime("%Y%m%dT%H%M%S") / model.name / point.name
-    where.move(aside)
-    log.warning("sweep: %s / %s holds results of another config (differs in: %s); moved them to %s and running "
-                "the point afresh", model.name, point.name, ", ".join(differs), aside)
+    _supersede(out, model, point.name, differs)
     return False
+
+
+def corpus_is_current(sweep: Sweep, model: SweepModel, corpus: SweepCorpus,
+                      out: str | os.PathLike[str] | Location) -> bool:
+    """point_is_current for a corpus point: its results.json, and a checkpoint manifest equal to the one `raylm ppl`
+    keys this corpus run to now (model, data files, options, versions, code); another config's folder is moved
+    aside, and a checkpoint of this one resumes."""
+    out = location(out)
+    where = point_dir(out, model, corpus.point)
+    if not (where / RESULTS).exists() and not (where / CHECKPOINT_DIR).exists():
+        return False
+    with output_lock(where):
+        checkpoint = Checkpoint(where, plan_corpus(sweep.corpus_config(model, corpus)).manifest, command="ppl")
+        try:
+            checkpoint.refuse_foreign()
+        except RaylmError as e:
+            raise RaylmError(f"{model.name} / {corpus.point}: {e}") from e
+        differs = checkpoint.differences()
+        if not differs:
+            return (where / RESULTS).is_file()
+    _supersede(out, model, corpus.point, differs)
+    return False
+
+
+def _supersede(out: Location, model: SweepModel, point: str, differs: list[str]) -> None:
+    aside = out / SUPERSEDED_DIR / time.strftime("%Y%m%dT%H%M%S") / model.name / point
+    point_dir(out, model, point).move(aside)
+    log.warning("sweep: %s / %s holds results of another config (differs in: %s); moved them to %s and running "
+                "the point afresh", model.name, point, ", ".join(differs), aside)
 
 
 def _scan_of(results: Location) -> str | None:
@@ -158,8 +191,8 @@ def point_config(sweep: Sweep, model: SweepModel, point: SweepPoint, out: Locati
     return replace(sweep.config(model, point), num_cpus=num_cpus, output=point_dir(out, model, point))
 
 
-def _run_models(sweep: Sweep, todo: dict[str, list[SweepPoint]], out: Location, runs: dict[str, ModelRun]
-                ) -> dict[str, BaseException]:
+def _run_models(sweep: Sweep, todo: dict[str, tuple[list[SweepPoint], list[SweepCorpus]]], out: Location,
+                runs: dict[str, ModelRun]) -> dict[str, BaseException]:
     """Every model's unfinished points, models side by side; a failing model does not stop the others. Returns
     each failed model's error."""
     connect()
@@ -167,8 +200,8 @@ def _run_models(sweep: Sweep, todo: dict[str, list[SweepPoint]], out: Location, 
     models = {m.name: m for m in sweep.models}
     import_actor_code()  # before the models' threads start (see there)
     with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="sweep") as pool:
-        futures = {name: pool.submit(_run_model, sweep, models[name], points, out, runs[name], num_cpus)
-                   for name, points in todo.items()}
+        futures = {name: pool.submit(_run_model, sweep, models[name], points, corpora, out, runs[name], num_cpus)
+                   for name, (points, corpora) in todo.items()}
     return {name: f.exception() for name, f in futures.items() if f.exception() is not None}
 
 
@@ -182,8 +215,8 @@ def _cpus_per_actor(sweep: Sweep, models: int) -> float | None:
     return float(cpu_share(models * sweep.actors_per_model))
 
 
-def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], out: Location, run: ModelRun,
-               num_cpus: float | None) -> None:
+def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], corpora: list[SweepCorpus], out: Location,
+               run: ModelRun, num_cpus: float | None) -> None:
     actors = start_actors(model.spec, sweep.actors_per_model, None, sweep.num_gpus, num_cpus,
                           sweep.placement_timeout)
     run.loads += len(actors)
@@ -201,18 +234,28 @@ def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], out: L
                 write_results(where, result)
             run.points_run.append(point.name)
             log.info("sweep: %s / %s done", model.name, point.name)
+        set_batch_size(actors, None)  # a corpus's token budget is the model's, as in raylm ppl
+        for corpus in corpora:
+            run_corpus(sweep.corpus_config(model, corpus), point_dir(out, model, corpus.point), actors)
+            run.points_run.append(corpus.point)
+            log.info("sweep: %s / %s done", model.name, corpus.point)
     finally:
         kill(actors)
 
 
 def write_reports(sweep: Sweep, out: Location) -> list[Location]:
-    """summary.csv, summary.md, metrics.png and a score histogram per native multiple-choice task, over all
-    points."""
-    rows = collect(sweep, out)
-    paths = [out / SUMMARY_CSV, out / SUMMARY_MD, out / METRICS_PNG]
-    write_atomic(paths[0], summary_csv(rows).encode())
-    write_atomic(paths[1], summary_markdown(rows).encode())
-    plot_metrics(sweep, rows, paths[2])
+    """summary.csv, summary.md, metrics.png and a score histogram per native multiple-choice task over all task
+    points, and corpora.png over the corpus points."""
+    rows, corpus_rows = collect(sweep, out), collect_corpora(sweep, out)
+    paths = [out / SUMMARY_CSV, out / SUMMARY_MD]
+    write_atomic(paths[0], summary_csv(rows, corpus_rows).encode())
+    write_atomic(paths[1], summary_markdown(rows, corpus_rows).encode())
+    if rows:
+        paths.append(out / METRICS_PNG)
+        plot_metrics(sweep, rows, paths[-1])
+    if corpus_rows:
+        paths.append(out / CORPORA_PNG)
+        plot_corpora(sweep, corpus_rows, paths[-1])
     for task in sweep.tasks:
         if task in TASKS and get_task(task).kind == "multiple_choice":  # native: its requests carry norm_len
             paths.append(out / f"{task}_norm_scores.png")
