@@ -1,9 +1,12 @@
 """`raylm compare`: the paired statistics against direct computations (numpy/scipy on random data, a hand-worked
-example, the cluster-robust formula as a double sum), and end to end on two runs written by raylm's own writers
-(native and lm-eval tasks, an lm-eval group) and on lm-eval's own output layout, with the refusals."""
+example, the cluster-robust formula as a double sum, the pooled bits per byte's delta method as a float64 loop),
+and end to end on two runs written by raylm's own writers (native and lm-eval tasks, an lm-eval group), on
+lm-eval's own output layout and on two `raylm ppl` outputs (tiny models scored in-process, no Ray), with the
+refusals."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -14,13 +17,20 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import scipy.stats
-from conftest import STORIES
+from conftest import DATA, STORIES
+from ppl_outputs import write_ppl_output
 
 from raylm.cli import main
 from raylm.compare.comparison import compare_runs
 from raylm.compare.find import find_runs
 from raylm.compare.output import COMPARISON_CSV, COMPARISON_JSON
-from raylm.compare.statistics import Z95, clustered_stderr, paired_difference
+from raylm.compare.statistics import (
+    Z95,
+    clustered_stderr,
+    macro_difference,
+    paired_difference,
+    pooled_bits_difference,
+)
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
@@ -369,3 +379,171 @@ def test_runs_and_outputs_on_object_storage_are_read_and_written_by_uri(runs, s3
     assert main(["report", str(only_results), "--output", f"{s3}/report.html"]) == 0
     assert f"raylm report: {s3}/runs/results-only" in location(f"{s3}/report.html").read_text()
     assert capsys.readouterr().out.endswith(f"report written to {s3}/report.html\n")
+
+
+# Corpus runs: the pooled bits per byte, then two `raylm ppl --domain-column path` outputs on the same documents.
+
+def _slow_pooled(nll_a, nll_b, units) -> tuple[float, float, float, float]:
+    """(a, b, paired se, unpaired se) as a float64 loop: bits per unit pooled over the documents and the ratio
+    estimator's delta-method standard error, term by term."""
+    ln2 = math.log(2)
+
+    def se(d: list[float]) -> float:
+        ratio = sum(d) / sum(units)
+        return math.sqrt(len(d) / (len(d) - 1) * sum((x - ratio * u) ** 2 for x, u in zip(d, units))) / sum(units)
+
+    a, b = (math.fsum(nll) / sum(units) / ln2 for nll in (nll_a, nll_b))
+    paired = se([(y - x) / ln2 for x, y in zip(nll_a, nll_b)])
+    return a, b, paired, math.hypot(se([x / ln2 for x in nll_a]), se([y / ln2 for y in nll_b]))
+
+
+def test_pooled_bits_per_byte_difference_is_the_ratio_estimators_against_a_loop_and_by_hand():
+    rng = np.random.default_rng(7)
+    units = rng.integers(1, 400, 60)
+    nll_a = units * rng.uniform(1.0, 3.0, 60)
+    nll_b = nll_a + units * rng.normal(0.05, 0.1, 60)
+    out = pooled_bits_difference(nll_a, nll_b, units)
+    a, b, paired, unpaired = _slow_pooled(nll_a.tolist(), nll_b.tolist(), units.tolist())
+    assert (out.n, out.a, out.b, out.diff) == (60, a, b, b - a)  # the corpus run's own formula, to the bit
+    assert out.diff_stderr == pytest.approx(paired, rel=1e-12)
+    assert out.unpaired_stderr == pytest.approx(unpaired, rel=1e-12)
+    assert out.p_value == pytest.approx(math.erfc(abs(out.diff / paired) / math.sqrt(2)), rel=1e-12)
+    assert (out.ci95_low, out.ci95_high) == pytest.approx((out.diff - Z95 * paired, out.diff + Z95 * paired))
+    # By hand: 1, 1 and 2 bytes moved by 0, 2 and 2 bits: D = 4 / 4 = 1 bit per byte, residuals d_i - D bytes_i =
+    # (-1, 1, 0), se = sqrt(3 / 2 * 2) / 4 = sqrt(3) / 4.
+    hand = pooled_bits_difference(np.zeros(3), np.array([0.0, 2.0, 2.0]) * math.log(2), np.array([1, 1, 2]))
+    assert (hand.a, hand.diff, hand.diff_stderr) == (0.0, pytest.approx(1.0), pytest.approx(math.sqrt(3) / 4))
+    # every byte moved by the same: no spread, and p = 0
+    even = pooled_bits_difference(np.zeros(2), np.array([1.0, 3.0]) * math.log(2), np.array([1, 3]))
+    assert (even.diff_stderr, even.p_value) == (pytest.approx(0.0, abs=1e-15), 0.0)
+    # the macro average of two domains: the mean of their figures, se sqrt(0.3² + 0.4²) / 2 = 0.25
+    part = pooled_bits_difference(np.zeros(3), np.ones(3), np.ones(3, np.int64))
+    parts = [dataclasses.replace(part, diff_stderr=0.3), dataclasses.replace(part, n=5, b=2.0, diff_stderr=0.4)]
+    macro = macro_difference(parts)
+    assert (macro.n, macro.a, macro.b, macro.diff, macro.diff_stderr) == (
+        8, part.a, (part.b + 2.0) / 2, (part.b + 2.0) / 2 - part.a, pytest.approx(0.25))
+
+
+CORPUS_FILES = ("/corpus/lines/val0.jsonl.gz", "/corpus/heads/val0.jsonl.gz", "/corpus/long/val0.jsonl.gz")
+
+
+@pytest.fixture(scope="module")
+def corpus_runs(tiny_llama, tiny_gpt2, tmp_path_factory):
+    """The same 24 documents in three files (WikiText lines, their first words, stretches of lines), each file a
+    domain (--domain-column path), scored by tiny_llama (a) and tiny_gpt2 (b): two tokenizers, one bits per byte."""
+    lines = [line for line in (DATA / "wikitext-2" / "test.txt").read_text(encoding="utf-8").splitlines()
+             if line.strip()][:24]
+    texts = lines[:10] + [" ".join(t.split()[:3]) for t in lines[10:18]] + [" ".join(lines[k:k + 3])
+                                                                           for k in range(18, 24)]
+    paths = [CORPUS_FILES[0]] * 10 + [CORPUS_FILES[1]] * 8 + [CORPUS_FILES[2]] * 6
+    corpus = pa.table({"text": texts, "path": paths})
+    root = tmp_path_factory.mktemp("corpus-runs")
+    return tuple(write_ppl_output(root / name, ModelSpec(str(model), dtype="float32", device="cpu"), corpus, 64)
+                 for name, model in (("llama", tiny_llama), ("gpt2", tiny_gpt2)))
+
+
+def test_corpus_runs_compare_bits_per_byte_as_their_results_json_report_it(corpus_runs):
+    """Per domain, for the corpus and for the macro average: a and b are each run's reported bits per byte, the
+    difference is theirs to 1e-12, the standard errors a float64 loop's over the samples' rows."""
+    a, b = corpus_runs
+    pair = compared(a, b)["comparisons"][0]
+    reported = [json.loads((run / "results.json").read_text())["results"]["ppl"] for run in (a, b)]
+    rows = [pq.read_table(run / "samples" / "ppl.parquet").to_pydict() for run in (a, b)]
+    domains = sorted(CORPUS_FILES)
+    assert list(pair["tasks"]) == ["ppl", *(f"ppl/{d}" for d in domains), "ppl macro"]
+    assert (pair["refused"], pair["only_in_a"], pair["only_in_b"]) == ({}, [], [])
+    expected = {"ppl": reported, **{f"ppl/{d}": [r["domains"][d] for r in reported] for d in domains},
+                "ppl macro": [r["macro"] for r in reported]}
+    for name, (ra, rb) in expected.items():
+        entry = pair["tasks"][name]
+        assert (entry["metric"], list(entry["metrics"])) == ("bits_per_byte", ["bits_per_byte"])
+        assert (entry["a"], entry["b"]) == (ra["bits_per_byte"], rb["bits_per_byte"]), name  # to the bit
+        assert entry["diff"] == pytest.approx(rb["bits_per_byte"] - ra["bits_per_byte"], abs=1e-12)
+    for name, keep in [("ppl", [True] * 24), *((f"ppl/{d}", [p == d for p in rows[0]["path"]]) for d in domains)]:
+        nll_a, nll_b, units = ([x for x, k in zip(column, keep) if k]
+                               for column in (rows[0]["nll"], rows[1]["nll"], rows[0]["bytes"]))
+        _, _, paired, unpaired = _slow_pooled(nll_a, nll_b, units)
+        entry = pair["tasks"][name]
+        assert entry["n"] == len(units) and entry["diff_stderr"] == pytest.approx(paired, rel=1e-12), name
+        assert entry["unpaired_stderr"] == pytest.approx(unpaired, rel=1e-12), name
+        assert entry["p_value"] == pytest.approx(math.erfc(abs(entry["diff"] / paired) / math.sqrt(2)), rel=1e-9)
+    per_domain = [pair["tasks"][f"ppl/{d}"]["diff_stderr"] for d in domains]
+    macro = pair["tasks"]["ppl macro"]
+    assert macro["n"] == 24 and macro["diff_stderr"] == pytest.approx(math.sqrt(sum(s * s for s in per_domain)) / 3)
+    assert rows[0]["tokens"] != rows[1]["tokens"]  # other tokenizers: bits per byte compares them all the same
+
+
+def _changed_copy(run, to, change):
+    shutil.copytree(run, to)
+    samples = to / "samples" / "ppl.parquet"
+    pq.write_table(change(pq.read_table(samples)), samples)
+    return to
+
+
+def test_corpus_runs_on_other_documents_are_refused_in_one_line_and_numbers_not_their_own_refused(
+        corpus_runs, runs, tmp_path):
+    a, b = corpus_runs
+    fewer = _changed_copy(b, tmp_path / "fewer", lambda t: t.slice(0, 23))
+    with pytest.raises(RaylmError, match=rf"^ppl: {a} and {fewer} are not on the same documents \(24 and 23: "
+                                         r"another --data or --limit-docs\)$"):
+        compared(a, fewer)
+    grown = _changed_copy(b, tmp_path / "grown", lambda t: t.set_column(
+        t.column_names.index("bytes"), "bytes", pa.array([n + (k == 5) for k, n in enumerate(t["bytes"].to_pylist())])))
+    with pytest.raises(RaylmError, match=rf"^ppl: {a} and {grown} hold other documents: document 5's bytes is \d+ "
+                                         r"and \d+ \(other data, or another order\)$"):
+        compared(a, grown)
+    # a results.json its samples do not give: that figure is refused, in a line naming the run
+    edited = tmp_path / "edited"
+    shutil.copytree(b, edited)
+    data = json.loads((edited / "results.json").read_text())
+    data["results"]["ppl"]["domains"][CORPUS_FILES[1]]["bits_per_byte"] = 9.5
+    (edited / "results.json").write_text(json.dumps(data))
+    pair = compared(a, edited)["comparisons"][0]
+    assert list(pair["refused"]) == [f"ppl/{CORPUS_FILES[1]}"] and "ppl macro" in pair["tasks"]
+    assert pair["refused"][f"ppl/{CORPUS_FILES[1]}"]["bits_per_byte"].startswith(f"{edited} reports 9.5, its "
+                                                                               "documents give ")
+    with pytest.raises(RaylmError, match="no two runs of one kind to compare"):  # an evaluation and a corpus run
+        compared(runs[0], a)
+    bare = tmp_path / "results-only"
+    bare.mkdir()
+    shutil.copy(b / "results.json", bare / "results.json")
+    with pytest.raises(RaylmError, match=rf"^ppl: no samples/ppl.parquet \(a row per document\) in {bare}$"):
+        compared(a, bare)
+
+
+def test_the_command_prints_and_writes_the_corpus_rows(corpus_runs, tmp_path, capsys):
+    a, b = corpus_runs
+    assert main(["compare", str(a), str(b), "--output", str(tmp_path / "cmp")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    pair = compared(a, b)["comparisons"][0]
+    for name, entry in pair["tasks"].items():
+        head = f"{name:<36} {'bits_per_byte':<24}"
+        n, shown_a, shown_b, diff = next(row for row in printed if row.startswith(head))[len(head):].split()[:4]
+        assert (int(n), float(shown_a), float(shown_b), float(diff)) == (
+            entry["n"], pytest.approx(entry["a"], abs=5e-5), pytest.approx(entry["b"], abs=5e-5),
+            pytest.approx(entry["diff"], abs=5e-5))
+    lines = (tmp_path / "cmp" / COMPARISON_CSV).read_text().splitlines()
+    assert [row.split(",")[2:4] for row in lines[1:]] == [[name, "bits_per_byte"] for name in pair["tasks"]]
+    assert json.loads((tmp_path / "cmp" / COMPARISON_JSON).read_text())["comparisons"][0]["tasks"] == pair["tasks"]
+
+
+def test_a_sweeps_corpus_points_compare_with_its_first_corpus_point(runs, corpus_runs, tmp_path):
+    """A sweep whose models each have an eval point and a corpus point (corpus-<name>, a raylm ppl output): the
+    eval points pair with the first eval point, the corpus points with the first corpus point."""
+    a, b, _, _ = runs
+    ca, cb = corpus_runs
+    sweep = tmp_path / "sweep"
+    for model, point, run in (("llama", "fp32", a), ("gpt2", "fp32", b), ("llama", "corpus-wiki", ca),
+                              ("gpt2", "corpus-wiki", cb)):
+        shutil.copytree(run, sweep / model / point)
+    (sweep / "summary.csv").write_text("model,point\nllama,fp32\ngpt2,fp32\n")  # corpus points after, by name
+    found = find_runs(sweep)
+    assert [(r.label, r.corpus) for r in found] == [(f"{sweep}/llama/fp32", None), (f"{sweep}/gpt2/fp32", None),
+                                                    (f"{sweep}/gpt2/corpus-wiki", "ppl"),
+                                                    (f"{sweep}/llama/corpus-wiki", "ppl")]
+    out = compared(sweep)
+    assert out["baseline"] == f"{sweep}/llama/fp32"
+    assert [(p["a"], p["b"]) for p in out["comparisons"]] == [
+        (f"{sweep}/llama/fp32", f"{sweep}/gpt2/fp32"), (f"{sweep}/gpt2/corpus-wiki", f"{sweep}/llama/corpus-wiki")]
+    assert out["comparisons"][0]["tasks"] == compared(a, b)["comparisons"][0]["tasks"]
+    assert out["comparisons"][1]["tasks"] == compared(cb, ca)["comparisons"][0]["tasks"]

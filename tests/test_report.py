@@ -1,7 +1,7 @@
 """`raylm report`: the page built from runs written by raylm's writers from random scores (tests/test_compare.py's
-runs, no model), read back as HTML: its tables hold the numbers results.json and raylm compare hold, its score
-distributions the samples' scores, it loads nothing, it escapes what the results say; and opened in a real headless
-Chromium, which renders it."""
+runs, no model) and from two `raylm ppl` outputs (its corpus_runs), read back as HTML: its tables hold the numbers
+results.json and raylm compare hold, its score distributions the samples' scores, it loads nothing, it escapes
+what the results say; and opened in a real headless Chromium, which renders it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from html.parser import HTMLParser
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from test_compare import _write_run, built, compared, runs  # noqa: F401  (fixtures: the two runs compare's tests use)
+from test_compare import CORPUS_FILES, _write_run, built, compared, corpus_runs, runs  # noqa: F401  (fixtures)
 
 from raylm.cli import main
 from raylm.compare.find import find_runs
@@ -158,6 +158,34 @@ def test_the_comparison_table_is_raylm_compares_and_is_charted(runs, page):
     assert "b − a in acc, with its 95% interval" in parsed.svg_text
 
 
+def test_corpus_runs_show_their_figures_per_domain_and_their_paired_bits_per_byte(corpus_runs):
+    """A corpus run's results table holds its figures for the corpus, each domain and the macro average, as
+    results.json holds them; the comparison table and chart hold raylm compare's bits per byte rows."""
+    ca, cb = corpus_runs
+    text, refused = report_page(find_runs(ca) + find_runs(cb))
+    parsed = Page(text)
+    assert refused is None
+    for i, run in enumerate((ca, cb)):
+        data = json.loads((run / "results.json").read_text())
+        ppl = data["results"]["ppl"]
+        expected = {"ppl": ppl, **{f"ppl/{d}": figures for d, figures in ppl["domains"].items()}, "ppl macro": ppl["macro"]}
+        shown = _results_rows(parsed, f"results-{i}")
+        assert {task for task, _, _ in shown} == set(expected)
+        for task, figures in expected.items():
+            for figure in ("bits_per_byte", "bits_per_char", "byte_perplexity"):
+                assert shown[(task, figure, "none")] == (pytest.approx(figures[figure], abs=5e-5), None), task
+        config = dict(parsed.tables[f"config-{i}"])
+        assert (config["command"], config["domain_column"], config["data"]) == ("ppl", "path", data["config"]["data"])
+    rows = parsed.tables["comparison-0"][1:]
+    pair = compared(ca, cb)["comparisons"][0]
+    assert [(r[0], r[1]) for r in rows] == [(task, "bits_per_byte") for task in pair["tasks"]] and len(rows) == 5
+    for row, d in zip(rows, pair["tasks"].values()):
+        assert [_number(c) for c in row[2:7]] == [d["n"], *(pytest.approx(d[k], abs=5e-5)
+                                                          for k in ("a", "b", "diff", "diff_stderr"))]
+    assert "b − a in bits_per_byte, with its 95% interval" in parsed.svg_text
+    assert set(pair["tasks"]) <= set(parsed.svg_text)
+
+
 def _direct_scores(run, task: str, logged: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """(correct, other) scores computed here from the samples: a native task's per-request Parquet (loglikelihood
     per character), an lm-eval task's samples as lm-eval logged them (each choice's loglikelihood)."""
@@ -241,19 +269,21 @@ def _png_size(path) -> tuple[int, int]:
     return struct.unpack(">II", head[16:24])
 
 
-def test_headless_chromium_renders_the_page(runs, tmp_path):
+def test_headless_chromium_renders_the_page(runs, corpus_runs, tmp_path):
     """Debian's chromium (.ci/run installs it): the DOM it builds holds the title, the tables' rows and the
-    charts, and its screenshot is a picture of the page."""
+    charts, and its screenshot is a picture of the page. Two evaluations and two corpus runs: each kind's pair."""
     a, b, _, _ = runs
     out = tmp_path / "report.html"
-    assert main(["report", str(a), str(b), "--output", str(out)]) == 0
+    assert main(["report", str(a), str(b), *map(str, corpus_runs), "--output", str(out)]) == 0
     browser = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
     dom = subprocess.run([*browser, "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     rendered, written = Page(dom.stdout), Page(out.read_text())
     assert rendered.title == written.title and rendered.title.startswith("raylm report: ")
     assert rendered.tables == written.tables and len(rendered.tables["results-0"]) > 10
-    assert rendered.svgs == written.svgs == 2 + 2 * MULTIPLE_CHOICE
+    assert [row[0] for row in rendered.tables["comparison-1"][1:]] == ["ppl", *(f"ppl/{f}" for f in sorted(CORPUS_FILES)),
+                                                                      "ppl macro"]
+    assert rendered.svgs == written.svgs == 3 + 2 * MULTIPLE_CHOICE  # the pairs' two, the metrics', distributions
     shot = tmp_path / "page.png"
     proc = subprocess.run([*browser, f"--screenshot={shot}", "--window-size=1200,1600", out.as_uri()],
                           capture_output=True, text=True, timeout=120)

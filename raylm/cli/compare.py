@@ -8,9 +8,10 @@ import argparse
 def add_compare_command(sub: argparse._SubParsersAction) -> None:
     cp = sub.add_parser("compare", help="paired differences between runs scored on the same documents")
     cp.add_argument("runs", nargs="+", metavar="RUN",
-                    help="raylm eval outputs (with --log-samples), sweep outputs (every point) or lm-eval "
-                         "--output_path directories (with --log_samples), as local paths or storage URIs "
-                         "(s3://bucket/run); each run is compared with the first")
+                    help="raylm eval outputs (with --log-samples), raylm ppl outputs, sweep outputs (every point) or "
+                         "lm-eval --output_path directories (with --log_samples), as local paths or storage URIs "
+                         "(s3://bucket/run); each run is compared with the first (a corpus run with the first "
+                         "corpus run, on bits per byte)")
     cp.add_argument("--output", help="directory (local path or storage URI) for comparison.json and comparison.csv")
     cp.set_defaults(run=run_compare)
 

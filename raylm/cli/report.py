@@ -10,9 +10,9 @@ def add_report_command(sub: argparse._SubParsersAction) -> None:
     rp = sub.add_parser("report", help="one self-contained HTML page: each run's results and config, and the "
                                        "paired comparison of two runs or more")
     rp.add_argument("runs", nargs="+", metavar="RUN",
-                    help="raylm eval outputs, sweep outputs (every point) or lm-eval --output_path directories, as "
-                         "local paths or storage URIs; with two runs or more, each is compared with the first "
-                         "(needs their samples: --log-samples)")
+                    help="raylm eval outputs, lm-eval --output_path directories, raylm ppl or kl outputs or sweep "
+                         "outputs (every point), as local paths or storage URIs; with two runs or more, each is "
+                         "compared with the first of its kind (needs their samples: --log-samples)")
     rp.add_argument("--output", default="report.html",
                     help="the HTML file to write, a local path or storage URI (default: report.html); open it in "
                          "any browser")

@@ -3,6 +3,8 @@ row per document) or samples/<task>.parquet (a rolling task's windows)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from raylm.compare.run import Run, read_results, scored_tasks
 from raylm.storage.location import Location
 
@@ -11,8 +13,8 @@ def is_eval_output(where: Location) -> bool:
     return (where / "results.json").is_file()
 
 
-def eval_run(where: Location) -> Run:
-    results = read_results(where / "results.json")
+def eval_run(where: Location, results: dict[str, Any]) -> Run:
+    """The run whose results.json (read) is `results`."""
     present = {f.name: f for f in (where / "samples").iterdir()}
     samples = {}
     for task in scored_tasks(results):
@@ -24,4 +26,4 @@ def eval_run(where: Location) -> Run:
 
 
 def find(where: Location) -> list[Run]:
-    return [eval_run(where)] if is_eval_output(where) else []
+    return [eval_run(where, read_results(where / "results.json"))] if is_eval_output(where) else []

@@ -1,6 +1,8 @@
 """Finished runs -> one self-contained HTML page (`raylm report`): each run's results table in lm-eval's columns,
 its multiple-choice tasks' score distributions (correct vs other choices) and its config, and for two runs or more
-the paired comparison of raylm.compare, as tables and charts.
+the paired comparison of raylm.compare, as tables and charts. A corpus run (`raylm ppl`) is shown as its reader
+(raylm.compare.corpus_output) makes it: the corpus, each domain and their macro average as tasks, its figures
+(bits per byte, ...) as their metrics, and its pairs' bits per byte differences as tasks' are.
 
 The page loads nothing: CSS is inline and the charts are matplotlib's SVG, inline, their text kept as text. Every
 string taken from a results file is escaped (html.escape here, matplotlib's XML writer in the charts).
@@ -25,9 +27,10 @@ from raylm.storage.location import Location
 
 # The config keys shown up front, in this order, where a run has them (raylm's and lm-eval's results files
 # differ); the whole config is on the page too, folded.
-CONFIG_KEYS = ("model", "model_commit", "peft", "peft_commit", "dtype", "scored_with", "quantization", "tasks",
-               "limit", "num_fewshot", "batch_size", "random_seed", "numpy_seed", "torch_seed", "fewshot_seed",
-               "actors", "shards", "shards_retried", "shards_resumed", "wall_time_s", "versions")
+CONFIG_KEYS = ("command", "model", "model_commit", "model_b", "peft", "peft_commit", "dtype", "scored_with",
+               "quantization", "tasks", "data", "domain_column", "max_length", "stride", "limit", "limit_docs",
+               "num_fewshot", "batch_size", "random_seed", "numpy_seed", "torch_seed", "fewshot_seed", "actors", "shards",
+               "shards_retried", "shards_resumed", "docs_resumed", "wall_time_s", "versions")
 RESULT_COLUMNS = ("Tasks", "Version", "Filter", "n-shot", "Metric", "", "Value", "", "Stderr")  # lm-eval's
 COMPARISON_COLUMNS = ("task", "metric", "n", "a", "b", "b − a", "se", "unpaired se", "95% low", "95% high", "p")
 HIGHER_IS_BETTER = {True: "↑", False: "↓"}  # lm-eval's table's arrows
@@ -213,9 +216,12 @@ def _text(value: Any) -> str:
 
 def _comparison_section(comparison: dict[str, Any]) -> str:
     parts = ['<h2 id="comparison">Paired comparison</h2>',
-             f'<p class="note">Every run against the baseline {_e(comparison["baseline"])}: documents paired by '
-             "(task, doc_id), b − a per document; se is the paired standard error, clustered by subtask for a group "
-             "of several; the interval and p-value use it (raylm compare, docs/compare.md).</p>"]
+             f'<p class="note">Every run against the baseline {_e(comparison["baseline"])} (a corpus run against the '
+             "first corpus run): documents paired by (task, doc_id), b − a per document; se is the paired standard "
+             "error, clustered by subtask for a group of several; the interval and p-value use it. A corpus run's "
+             "documents pair in order (same file, bytes and characters), and its bits per byte is pooled, the "
+             "corpus's NLL over its bytes, with the ratio estimator's standard error (raylm compare, "
+             "docs/compare.md).</p>"]
     for j, pair in enumerate(comparison["comparisons"]):
         parts.append(f"<h3>b = {_e(pair['b'])}<br>a = {_e(pair['a'])}</h3>")
         head = "".join(f"<th>{_e(c)}</th>" for c in COMPARISON_COLUMNS)

@@ -49,7 +49,7 @@ def _key(metric: str) -> str:
     return metric if "," in metric else f"{metric},none"
 
 
-def _reported(run: Run, name: str, metric: str) -> float | None:
+def reported_value(run: Run, name: str, metric: str) -> float | None:
     """A task's or group's reported number for a metric, None where it reports none."""
     for section in ("groups", "results"):
         value = run.results.get(section, {}).get(name, {}).get(_key(metric))
@@ -58,7 +58,7 @@ def _reported(run: Run, name: str, metric: str) -> float | None:
     return None
 
 
-def _agrees(x: float, y: float) -> bool:
+def agrees(x: float, y: float) -> bool:
     return math.isclose(x, y, rel_tol=REL_TOL, abs_tol=1e-12)
 
 
@@ -80,11 +80,11 @@ def pair_task(task: str, a: Run, b: Run, sa: DocScores, sb: DocScores
     differences, refused = {}, {}
     for metric in (m for m in sa.values if m in sb.values):
         if metric not in DERIVED:
-            reported = [_reported(run, task, metric) for run in (a, b)]
+            reported = [reported_value(run, task, metric) for run in (a, b)]
             if None in reported:
                 continue  # not a metric the task reports (WinoGrande's acc_norm, which lm-eval's winogrande lacks)
             means = [float(np.mean(s.values[metric])) for s in (sa, sb)]
-            wrong = [(run, r, m) for run, r, m in zip((a, b), reported, means) if not _agrees(r, m)]
+            wrong = [(run, r, m) for run, r, m in zip((a, b), reported, means) if not agrees(r, m)]
             if wrong:
                 run, r, m = wrong[0]
                 refused[metric] = (f"{run.label} reports {r:.6g}, its documents' mean is {m:.6g}: the metric's "
@@ -108,8 +108,8 @@ def _group_weights(group: str, metric: str, a: Run, b: Run, parts: list[Differen
     fits = {}
     for name, weights in candidates.items():
         combined = [np.dot(weights, [getattr(d, side) for d in parts]) / sum(weights) for side in ("a", "b")]
-        reported = [_reported(run, group, metric) for run in (a, b)]
-        if all(r is not None and _agrees(r, c) for r, c in zip(reported, combined)):
+        reported = [reported_value(run, group, metric) for run in (a, b)]
+        if all(r is not None and agrees(r, c) for r, c in zip(reported, combined)):
             fits[name] = weights
     if len(fits) == 2 and len(set(sizes)) > 1:
         return "its subtasks' numbers are the same weighed by size or not: the weights cannot be told apart"
@@ -127,9 +127,9 @@ def pair_group(group: str, a: Run, b: Run, subtasks: dict[str, list[str]],
     names = leaves(group, subtasks)
     differences: dict[str, Difference] = {}
     refused = {metric: f"its subtask {leaf}'s is refused" for leaf in names for metric in refused_in[leaf]
-               if _reported(a, group, metric) is not None}
+               if reported_value(a, group, metric) is not None}
     for metric in (m for m in tasks[names[0]] if all(m in tasks[leaf] for leaf in names)):
-        if metric not in DERIVED and _reported(a, group, metric) is None:
+        if metric not in DERIVED and reported_value(a, group, metric) is None:
             continue
         weights = (_group_weights(group, metric, a, b, [tasks[leaf][metric] for leaf in names])
                    if metric not in DERIVED else None)
@@ -149,7 +149,7 @@ def pair_group(group: str, a: Run, b: Run, subtasks: dict[str, list[str]],
     return differences, refused
 
 
-def _entry(differences: dict[str, Difference], not_paired: Iterable[str]) -> dict[str, Any]:
+def task_entry(differences: dict[str, Difference], not_paired: Iterable[str]) -> dict[str, Any]:
     """A task's or group's comparison: its first metric's numbers at the top (the primary one, as lm-eval lists
     them), every paired metric under `metrics`, and what could not be paired."""
     metric, primary = next(iter(differences.items()))
@@ -184,7 +184,7 @@ def compare_pair(a: Run, b: Run, scores_of: Scores) -> dict[str, Any]:
             continue
         paired[group], refused[group] = pair_group(group, a, b, subtasks, paired, scores, refused)
         not_paired[group] = [m for leaf in names for m in not_paired[leaf]]
-    tasks = {name: _entry(d, not_paired[name]) for name, d in paired.items() if d}
+    tasks = {name: task_entry(d, not_paired[name]) for name, d in paired.items() if d}
     order = [name for name in a.results.get("results", {}) if name in tasks]
     return {"a": a.label, "b": b.label, "tasks": {name: tasks[name] for name in order + sorted(set(tasks) - set(order))},
             "refused": {name: why for name, why in refused.items() if why},

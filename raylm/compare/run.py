@@ -14,8 +14,11 @@ from raylm.storage.location import Location
 @dataclass(frozen=True)
 class Run:
     label: str  # the run as the user named it (a path or URI)
-    results: dict[str, Any]  # results.json, lm-eval's shape
-    samples: dict[str, Location]  # task -> its per-document file (Parquet or lm-eval's jsonl)
+    results: dict[str, Any]  # results.json, lm-eval's shape (a corpus run's figures as tasks: corpus_output)
+    samples: dict[str, Location]  # task (a corpus run: its label) -> its per-document file (Parquet or lm-eval's jsonl)
+    # A corpus run's label (`ppl`, `pseudo_ppl`, `kl`: raylm.compare.corpus_output), its documents paired by
+    # position; None for an evaluation's tasks, paired by doc_id
+    corpus: str | None = None
 
 
 def read_results(where: Location) -> dict[str, Any]:

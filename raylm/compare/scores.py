@@ -1,5 +1,6 @@
 """A task's per-document values from the files runs keep them in: raylm's Parquet (a native task's documents or
-a rolling task's windows, lm-eval's logged samples as raylm keeps them) and lm-eval's samples_<task>_<date>.jsonl.
+a rolling task's windows, lm-eval's logged samples as raylm keeps them) and lm-eval's samples_<task>_<date>.jsonl;
+and a corpus run's per-document rows (samples/ppl.parquet).
 
 Each value is the document's own value of a metric, under the name the metric is reported by; what pairs with
 what, and whether the metric's reported number is the mean of these values, is raylm.compare.pairing's to decide.
@@ -25,6 +26,10 @@ PER_UNIT = {"word_perplexity": "loglikelihood_per_word", "byte_perplexity": "log
 # lm-eval's `perplexity` (loglikelihood output type) logs each document's loglikelihood and aggregates exp(-mean).
 RENAMED = {"perplexity": "loglikelihood"}
 NATIVE_CHOICE_METRICS = ("acc", "acc_norm")
+# A corpus run's label -> its per-document loss column and the sign that makes it an NLL in nats (a masked LM's
+# PLL is a loglikelihood); `kl` rows hold no one model's NLL.
+CORPUS_NLL = {"ppl": ("nll", 1.0), "pseudo_ppl": ("pll", -1.0)}
+PATH_DOMAIN = "path"  # --domain-column path: each document's file is its domain (raylm.corpus.read)
 
 
 @dataclass
@@ -60,6 +65,35 @@ def doc_scores(where: Location) -> DocScores:
     order = np.argsort(table["doc_id"].to_numpy(), kind="stable")
     return DocScores(ids, {m: table[m].to_numpy().astype(np.float64)[order] for m in NATIVE_CHOICE_METRICS
                            if m in names}, hashes)
+
+
+@dataclass
+class CorpusRows:
+    """A corpus run's documents in the order it read them: what tells them apart (file, bytes, characters), each
+    one's NLL in nats, and its domain (None without --domain-column)."""
+
+    path: np.ndarray
+    bytes: np.ndarray
+    chars: np.ndarray
+    nll: np.ndarray
+    domains: np.ndarray | None
+
+
+def corpus_rows(where: Location, label: str, domain_column: str | None) -> CorpusRows:
+    """The rows of a `raylm ppl` samples file (label `ppl`, or a masked LM's `pseudo_ppl`), grouped by the run's
+    --domain-column: the file's `domain` column, or its `path` for `path`."""
+    loss, sign = CORPUS_NLL[label]
+    domain = None if domain_column is None else PATH_DOMAIN if domain_column == PATH_DOMAIN else "domain"
+    wanted = ["path", "bytes", "chars", loss, *(["domain"] if domain == "domain" else [])]
+    with where.open_input() as f:
+        parquet = pq.ParquetFile(f)
+        missing = [c for c in wanted if c not in parquet.schema_arrow.names]
+        if missing:
+            raise RaylmError(f"{where}: no column {', '.join(missing)} (not the samples of a raylm {label} run)")
+        table = parquet.read(columns=wanted)
+    column = {c: table[c].to_numpy() for c in wanted}
+    return CorpusRows(column["path"], column["bytes"].astype(np.int64), column["chars"].astype(np.int64),
+                      sign * column[loss].astype(np.float64), None if domain is None else column[domain])
 
 
 def _native_hashes(where: Location, table: Any, ids: np.ndarray, index: np.ndarray) -> list[str]:

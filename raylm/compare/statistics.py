@@ -6,6 +6,11 @@ runs agree on most documents (Miller 2024, "Adding Error Bars to Evals", arXiv 2
 documents are clustered by subtask (MMLU's subjects): documents of one subject are not independent draws, and the
 cluster-robust standard error (section 3) sums the deviations within each cluster before squaring.
 
+A corpus run's bits per byte is pooled, not a mean over documents: the corpus's NLL over its bytes. Its paired
+difference is a ratio estimator's, whose standard error over documents follows by the delta method (a mean being
+the ratio whose denominators are the documents' weights); a macro average over domains is a mean of independent
+domains' differences.
+
 Intervals and p-values are normal (z) ones, the paired z-test: the t distribution differs from it by less than
 1% of the interval's width from n = 50 documents on, and the ratio of a mean to its clustered standard error has
 no exact t distribution to use instead.
@@ -19,6 +24,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile: a two-sided 95% interval
+LN2 = math.log(2)  # nats per bit
 
 
 @dataclass(frozen=True)
@@ -46,15 +52,25 @@ class Difference:
         return out
 
 
-def stderr_of_mean(x: np.ndarray, weights: np.ndarray | None = None) -> float:
-    """The standard error of a weighted mean sum(w_i x_i) (weights summing to 1), sqrt(n / (n - 1) sum(w_i² (x_i -
-    mean)²)): with equal weights the sample standard deviation (n - 1) / sqrt(n), lm-eval's stderr of a mean; nan
-    for fewer than 2 values."""
-    n = len(x)
+def ratio_stderr(num: np.ndarray, den: np.ndarray) -> float:
+    """The standard error of a ratio estimator R = sum(num_i) / sum(den_i) over n independent documents, by the
+    delta method: sqrt(n / (n - 1) sum((num_i - R den_i)²)) / sum(den_i). A pooled figure (bits per byte: NLL
+    summed over bytes summed) is such a ratio, and so is a (weighted) mean (den_i = w_i). nan for fewer than 2
+    documents."""
+    n = len(num)
     if n < 2:
         return math.nan
-    w = np.full(n, 1.0 / n) if weights is None else weights
-    return float(math.sqrt(n / (n - 1) * float(np.sum((w * (x - np.dot(w, x))) ** 2))))
+    total = float(np.sum(den))
+    residuals = num - (float(np.sum(num)) / total) * den
+    return math.sqrt(n / (n - 1) * float(np.sum(residuals ** 2))) / total
+
+
+def stderr_of_mean(x: np.ndarray, weights: np.ndarray | None = None) -> float:
+    """The standard error of a weighted mean sum(w_i x_i) (weights summing to 1), sqrt(n / (n - 1) sum(w_i² (x_i -
+    mean)²)), the ratio estimator's with den_i = w_i: with equal weights the sample standard deviation (n - 1) /
+    sqrt(n), lm-eval's stderr of a mean; nan for fewer than 2 values."""
+    w = np.full(len(x), 1.0 / max(len(x), 1)) if weights is None else weights
+    return ratio_stderr(w * x, w)
 
 
 def clustered_stderr(d: np.ndarray, clusters: np.ndarray, weights: np.ndarray | None = None) -> float:
@@ -103,6 +119,34 @@ def paired_difference(a: np.ndarray, b: np.ndarray, clusters: np.ndarray | None 
     low, high, p = z_test(diff, clustered if clustered is not None and n_clusters > 1 else paired)
     return Difference(len(d), mean(a), mean(b), diff, paired, unpaired, low, high, p,
                       clustered, n_clusters)
+
+
+def pooled_bits_difference(nll_a: np.ndarray, nll_b: np.ndarray, units: np.ndarray) -> Difference:
+    """b - a in bits per unit pooled over the documents, sum(NLL) / sum(units) / ln 2: a corpus run's bits per
+    byte (raylm.results.metrics.perplexities), computed in its order from the same per-document NLLs (nats), so
+    that a and b are the run's own numbers to the bit. Its standard error is the ratio estimator's over documents
+    (ratio_stderr) of d_i = (nll_b_i - nll_a_i) / ln 2 over units_i; the unpaired one each run's alike."""
+    nll_a, nll_b = np.asarray(nll_a, np.float64), np.asarray(nll_b, np.float64)
+    units = np.asarray(units, np.int64)
+    if not nll_a.shape == nll_b.shape == units.shape or nll_a.ndim != 1 or units.sum() <= 0:
+        raise ValueError(f"pooled values need equal 1-d arrays with units to divide by, got {nll_a.shape}, "
+                         f"{nll_b.shape} and {units.shape} ({units.sum()} units)")
+    total = int(units.sum())
+    a, b = (math.fsum(nll.tolist()) / total / LN2 for nll in (nll_a, nll_b))
+    diff = b - a
+    paired = ratio_stderr((nll_b - nll_a) / LN2, units)
+    unpaired = math.hypot(ratio_stderr(nll_a / LN2, units), ratio_stderr(nll_b / LN2, units))
+    return Difference(len(units), a, b, diff, paired, unpaired, *z_test(diff, paired))
+
+
+def macro_difference(parts: list[Difference]) -> Difference:
+    """The unweighted mean over parts (a corpus's domains: Paloma's macro average) of their a, b and differences,
+    its standard error sqrt(sum(se_k²)) / k, the parts being independent (disjoint documents); n their total."""
+    k = len(parts)
+    a, b = (math.fsum(getattr(p, side) for p in parts) / k for side in ("a", "b"))
+    paired, unpaired = (math.sqrt(math.fsum(getattr(p, se) ** 2 for p in parts)) / k
+                        for se in ("diff_stderr", "unpaired_stderr"))
+    return Difference(sum(p.n for p in parts), a, b, b - a, paired, unpaired, *z_test(b - a, paired))
 
 
 def shown_stderr(numbers: dict[str, float | int | None]) -> float | None:

@@ -1,12 +1,14 @@
-"""A `raylm sweep` output as runs: every <model>/<point> eval output, in its summary.csv's order."""
+"""A `raylm sweep` output as runs: every <model>/<point> output, in its summary.csv's order: an eval's, or a
+corpus point's (`corpus-<name>`, a `raylm ppl` output, told by its results.json's config.command)."""
 
 from __future__ import annotations
 
 import csv
 import io
 
+from raylm.compare.corpus_output import corpus_run, is_corpus
 from raylm.compare.eval_output import eval_run, is_eval_output
-from raylm.compare.run import Run
+from raylm.compare.run import Run, read_results
 from raylm.storage.location import Location
 
 
@@ -21,5 +23,10 @@ def _points(where: Location) -> list[tuple[str, str]]:
     return [p for p in order if p in found] + [p for p in found if p not in order]
 
 
+def _point_run(where: Location) -> Run:
+    results = read_results(where / "results.json")
+    return corpus_run(where, results) if is_corpus(results) else eval_run(where, results)
+
+
 def find(where: Location) -> list[Run]:
-    return [eval_run(where / model / point) for model, point in _points(where)]
+    return [_point_run(where / model / point) for model, point in _points(where)]
