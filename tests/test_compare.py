@@ -528,22 +528,29 @@ def test_the_command_prints_and_writes_the_corpus_rows(corpus_runs, tmp_path, ca
 
 
 def test_a_sweeps_corpus_points_compare_with_its_first_corpus_point(runs, corpus_runs, tmp_path):
-    """A sweep whose models each have an eval point and a corpus point (corpus-<name>, a raylm ppl output): the
-    eval points pair with the first eval point, the corpus points with the first corpus point."""
+    """A sweep whose models each have an eval point and two corpus points (corpus-<name>, raylm ppl outputs): the
+    eval points pair with the first eval point, each corpus's points with that corpus's first point."""
     a, b, _, _ = runs
     ca, cb = corpus_runs
     sweep = tmp_path / "sweep"
     for model, point, run in (("llama", "fp32", a), ("gpt2", "fp32", b), ("llama", "corpus-wiki", ca),
-                              ("gpt2", "corpus-wiki", cb)):
+                              ("gpt2", "corpus-wiki", cb), ("llama", "corpus-more", ca), ("gpt2", "corpus-more", cb)):
         shutil.copytree(run, sweep / model / point)
+        if point == "corpus-more":  # another corpus: results.json names other data
+            results = json.loads((sweep / model / point / "results.json").read_text())
+            results["config"]["data"] = "more.jsonl.gz"
+            (sweep / model / point / "results.json").write_text(json.dumps(results))
     (sweep / "summary.csv").write_text("model,point\nllama,fp32\ngpt2,fp32\n")  # corpus points after, by name
     found = find_runs(sweep)
     assert [(r.label, r.corpus) for r in found] == [(f"{sweep}/llama/fp32", None), (f"{sweep}/gpt2/fp32", None),
+                                                    (f"{sweep}/gpt2/corpus-more", "ppl"),
                                                     (f"{sweep}/gpt2/corpus-wiki", "ppl"),
+                                                    (f"{sweep}/llama/corpus-more", "ppl"),
                                                     (f"{sweep}/llama/corpus-wiki", "ppl")]
     out = compared(sweep)
     assert out["baseline"] == f"{sweep}/llama/fp32"
     assert [(p["a"], p["b"]) for p in out["comparisons"]] == [
-        (f"{sweep}/llama/fp32", f"{sweep}/gpt2/fp32"), (f"{sweep}/gpt2/corpus-wiki", f"{sweep}/llama/corpus-wiki")]
+        (f"{sweep}/llama/fp32", f"{sweep}/gpt2/fp32"), (f"{sweep}/gpt2/corpus-more", f"{sweep}/llama/corpus-more"),
+        (f"{sweep}/gpt2/corpus-wiki", f"{sweep}/llama/corpus-wiki")]
     assert out["comparisons"][0]["tasks"] == compared(a, b)["comparisons"][0]["tasks"]
-    assert out["comparisons"][1]["tasks"] == compared(cb, ca)["comparisons"][0]["tasks"]
+    assert out["comparisons"][1]["tasks"] == out["comparisons"][2]["tasks"] == compared(cb, ca)["comparisons"][0]["tasks"]
