@@ -3,16 +3,19 @@ lm-evaluation-harness's rolling loglikelihood and a bare forward pass over the s
 
 Text of very different lengths in two domains: whole WikiText-2 articles ("articles") and its single paragraphs
 ("paragraphs"), written as gzip'd JSONL with a `domain` column. Model: the 124M GPT-2 shape (random init, seeded)
-with the GPT-2 tokenizer, 1024-token disjoint windows (lm-eval's rolling windows). Three runs, each timed as a
+with the GPT-2 tokenizer, 1024-token disjoint windows (lm-eval's rolling windows). Four runs, each timed as a
 whole (process start, model load, scoring):
 
 - raylm: `raylm ppl --domain-column domain --checkpoint-every 60` in its own process (and its own local Ray);
+- raylm sweep: a sweep file with that model and the corpus under `corpora:`, scored on the sweep's resident actor
+  (checkpointing every 60 s too), in its own process;
 - lm-eval 0.4.13: HFLM(batch_size=16).loglikelihood_rolling over the same documents, in its own process;
 - bare forward: the same windows, longest first, 16 to a padded batch, through the model in this process, timed
   after loading (the floor any runner pays).
 
-It prints a table of wall times and tokens/s, then the ratios: raylm vs lm-eval speed, raylm's tokens/s vs the
-bare forward's, and the bits-per-byte difference per domain and for the macro average.
+It prints a table of wall times and tokens/s, then the ratios: raylm (and the sweep) vs lm-eval speed, their
+tokens/s vs the bare forward's, and the bits-per-byte difference from lm-eval per domain and for the macro
+average.
 
     PYTHONPATH=$PWD python bench/ppl_domains.py --articles 40 [--device cuda] [--batch-size 16]
 
@@ -131,12 +134,18 @@ def main() -> int:
                           "--domain-column", "domain", "--checkpoint-every", "60", "--dtype", "float32",
                           "--device", args.device, "--output", str(tmp / "out"), "--no-progress"], env)
         results = json.loads((tmp / "out" / "results.json").read_text())["results"]["ppl"]
+        (tmp / "sweep.yaml").write_text(json.dumps({
+            "models": [{"path": str(model), "name": "gpt2", "dtype": "float32"}], "device": args.device,
+            "corpora": [{"name": "mix", "data": str(docs), "domain_column": "domain"}]}))
+        sweep_wall = timed([sys.executable, "-m", "raylm", "sweep", str(tmp / "sweep.yaml"), "--output",
+                            str(tmp / "sweep")], env)
+        swept = json.loads((tmp / "sweep" / "gpt2" / "corpus-mix" / "results.json").read_text())["results"]["ppl"]
         lm_wall = timed([sys.executable, __file__, "--device", args.device, "--batch-size", str(args.batch_size),
                          "--lmeval-worker", str(model), str(docs), str(tmp / "lmeval.json")], env)
         loglik = json.loads((tmp / "lmeval.json").read_text())
         tokens, bare_wall = bare_forward(str(model), [t for texts in domains.values() for t in texts], args.device,
                                          args.batch_size)
-    assert tokens == results["tokens"], (tokens, results["tokens"])
+    assert tokens == results["tokens"] == swept["tokens"], (tokens, results["tokens"], swept["tokens"])
     lm_bpb, start = {}, 0
     for name, texts in domains.items():
         nll = -math.fsum(loglik[start:start + len(texts)])
@@ -145,17 +154,21 @@ def main() -> int:
     lm_bpb["macro"] = sum(lm_bpb[d] for d in domains) / len(domains)
     ray_bpb = {**{d: results["domains"][d]["bits_per_byte"] for d in domains},
                "macro": results["macro"]["bits_per_byte"]}
+    sweep_bpb = {**{d: swept["domains"][d]["bits_per_byte"] for d in domains}, "macro": swept["macro"]["bits_per_byte"]}
 
     print(f"GPT-2 124M shape (random init), {args.device}; " + ", ".join(
         f"{name}: {len(texts)} docs, {results['domains'][name]['tokens']} tokens" for name, texts in domains.items()))
     print(f"{'run':<62} {'wall s':>8} {'tokens/s':>10}")
     for name, wall in (("raylm ppl --domain-column (whole command, checkpointing)", ray_wall),
+                       ("raylm sweep, the corpus on its resident actor (whole command)", sweep_wall),
                        (f"lm-eval HFLM loglikelihood_rolling batch {args.batch_size} (whole process)", lm_wall),
                        (f"bare forward, batch {args.batch_size} (after loading)", bare_wall)):
         print(f"{name:<62} {wall:>8.1f} {tokens / wall:>10.0f}")
-    print(f"raylm vs lm-eval speed: {lm_wall / ray_wall:.2f}x; raylm tokens/s vs bare forward: "
-          f"{bare_wall / ray_wall:.2f}")
-    print("bits per byte, raylm - lm-eval: " + ", ".join(f"{k} {ray_bpb[k] - lm_bpb[k]:+.2e}" for k in ray_bpb))
+    for name, wall in (("raylm ppl", ray_wall), ("raylm sweep", sweep_wall)):
+        print(f"{name} vs lm-eval speed: {lm_wall / wall:.2f}x; {name} tokens/s vs bare forward: "
+              f"{bare_wall / wall:.2f}")
+    for name, bpb in (("raylm ppl", ray_bpb), ("raylm sweep", sweep_bpb)):
+        print(f"bits per byte, {name} - lm-eval: " + ", ".join(f"{k} {bpb[k] - lm_bpb[k]:+.2e}" for k in bpb))
     return 0
 
 

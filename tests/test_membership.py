@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 import zlib
 
@@ -124,21 +125,36 @@ def test_a_window_longer_than_the_logits_budget_runs_in_pieces(spec):
 
 def test_cli_membership_on_a_choice_and_a_rolling_task(ray_session, tiny_llama, tmp_path, capsys):
     """The `raylm membership` command through main(), on the session Ray (test_cli.py runs the entry point in a
-    process of its own)."""
+    process of its own). Its checkpoint cut back to the first document, as a kill leaves it, the same command
+    resumes that one, scores the other and writes the same rows; another k is refused in one line."""
     out = tmp_path / "out"
     capsys.readouterr()
-    assert main(["membership", "--model", str(tiny_llama), "--tasks", "winogrande,wikitext", "--data-dir",
-                 str(DATA), "--limit", "1", "--k", "10", "--max-length", "64", "--output", str(out),
-                 "--no-progress"]) == 0
+    args = ["membership", "--model", str(tiny_llama), "--tasks", "winogrande,wikitext", "--data-dir", str(DATA),
+            "--limit", "1", "--k", "10", "--max-length", "64", "--docs-per-batch", "1", "--checkpoint-every", "0",
+            "--no-progress"]
+    assert main([*args, "--output", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "Min-10% mean" in printed and "Weak, model-side evidence" in printed
+    assert "0 of 2 documents resumed from checkpoint" in printed
+    shutil.copytree(out, tmp_path / "killed")
+    parts = sorted((tmp_path / "killed" / "checkpoint" / "shards").iterdir())
+    assert len(parts) == 2
+    parts[1].unlink()
+    (tmp_path / "killed" / "membership.json").unlink()
+    assert main([*args, "--output", str(tmp_path / "killed")]) == 0
+    assert "1 of 2 documents resumed from checkpoint" in capsys.readouterr().out
+    assert pq.read_table(tmp_path / "killed" / "membership.parquet").equals(pq.read_table(out / "membership.parquet"))
+    assert main([*args, "--k", "20", "--output", str(tmp_path / "killed")]) == 2
+    assert "holds results of a different run (differs in: k)" in capsys.readouterr().err
     report = json.loads((out / "membership.json").read_text())
     rows = pq.read_table(out / "membership.parquet")
     assert rows["task"].to_pylist() == ["winogrande", "wikitext"] and rows["doc_id"].to_pylist() == [0, 0]
     spec = ModelSpec(str(tiny_llama), device="cpu")
     texts = native_queries("winogrande", DATA)[:1] + native_queries("wikitext", DATA)[:1]
     batch = pa.table({"task": rows["task"], "doc_id": rows["doc_id"], "text": texts, "path": rows["task"]})
-    expected = DocMembership(spec, 64, 10.0)(batch)
+    # one document per batch, as --docs-per-batch 1 scores them (other batches: other float32 kernel shapes)
+    member = DocMembership(spec, 64, 10.0)
+    expected = pa.concat_tables([member(batch.slice(i, 1)) for i in range(batch.num_rows)])
     assert rows["min_k_prob"].to_pylist() == pytest.approx(expected["min_k_prob"].to_pylist(), rel=1e-9)
     assert rows["zlib_ratio"].to_pylist() == pytest.approx(expected["zlib_ratio"].to_pylist(), rel=1e-9)
     wg = report["tasks"]["winogrande"]

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from raylm.cli.options import add_model_options, add_output_option, model_spec, task_names
-from raylm.corpus import MEMBERSHIP_DOCS_PER_BATCH
+from raylm.corpus import CHECKPOINT_EVERY_S, MEMBERSHIP_DOCS_PER_BATCH
 from raylm.storage.location import prepare_output
 
 
@@ -27,6 +27,11 @@ def add_membership_command(sub: argparse._SubParsersAction) -> None:
     member.add_argument("--docs-per-batch", type=int, default=MEMBERSHIP_DOCS_PER_BATCH)
     add_model_options(member)
     add_output_option(member, Path("raylm-out") / "membership", "membership.json and membership.parquet")
+    member.add_argument("--overwrite", action="store_true",
+                        help="discard the checkpoint a different run left in --output")
+    member.add_argument("--checkpoint-every", type=float, default=CHECKPOINT_EVERY_S, metavar="SECONDS",
+                        help="save the documents scored so far under --output this often, for a rerun of the same "
+                             f"command to resume from (default {CHECKPOINT_EVERY_S:g})")
     member.add_argument("--no-progress", action="store_true")
     member.set_defaults(run=run_membership_command)
 
@@ -37,11 +42,12 @@ def run_membership_command(args: argparse.Namespace) -> int:
     spec = model_spec(args, args.model, args.revision, max_length=args.max_length)
     tasks = task_names(args.tasks)
     cfg = MembershipConfig(spec, tasks, args.k, args.data_dir, args.include_path, args.limit, args.actors,
-                           args.docs_per_batch, not args.no_progress)
+                           args.docs_per_batch, not args.no_progress, args.overwrite, args.checkpoint_every)
     cfg.validate()
     out = prepare_output(args.output)
     report = run_membership(cfg, out)
     print(format_table(report))
-    print(f"wall time {report['config']['wall_time_s']:.1f} s; membership.json and membership.parquet written to "
-          f"{out}")
+    documents = sum(task["documents"] for task in report["tasks"].values())
+    print(f"wall time {report['config']['wall_time_s']:.1f} s; {report['config']['docs_resumed']} of {documents} "
+          f"documents resumed from checkpoint; membership.json and membership.parquet written to {out}")
     return 0

@@ -5,7 +5,9 @@ The text scored is the document's decontamination query, the text `raylm contami
 for, so a document's overlap and its membership scores describe the same words. It is scored whole, as `raylm ppl`
 scores a document (raylm.corpus.doc_scoring.DocMembership): the tokenizer's own encoding, lm-eval's disjoint
 rolling windows (conditioned on the BOS, else EOS, token), every token scored once, in float64. Documents travel
-as a small Ray Dataset; each actor holds the model and turns a batch of documents into one row each.
+as a small Ray Dataset; each actor holds the model and turns a batch of documents into one row each. The rows are
+checkpointed under the output as they come, as `raylm ppl`'s are (raylm.corpus.resume), keyed to the documents,
+the model and the options, so that the same command after a kill scores only the rest.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from tqdm import tqdm
 
 from raylm.cluster.runtime import connect, local_cpus_needed, plan_actors
 from raylm.contamination.documents import load_scan_tasks
-from raylm.corpus import MEMBERSHIP_DOCS_PER_BATCH
+from raylm.cluster.checkpoint import table_digest
+from raylm.corpus import CHECKPOINT_EVERY_S, MEMBERSHIP_DOCS_PER_BATCH
 from raylm.corpus.doc_scoring import DocMembership, take_prefix_sharing
+from raylm.corpus.resume import BATCH_COLUMN, RESUMED_COLUMN, CorpusCheckpoint, Resuming, corpus_manifest
 from raylm.corpus.run import model_max_length
 from raylm.corpus.stream import stream_batches
 from raylm.errors import RaylmError
@@ -55,6 +59,8 @@ class MembershipConfig:
     actors: int | None = None
     docs_per_batch: int = MEMBERSHIP_DOCS_PER_BATCH
     progress: bool = True
+    overwrite: bool = False  # discard another run's checkpoint in the output directory
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S
 
     def validate(self) -> None:
         if not self.tasks:
@@ -65,6 +71,8 @@ class MembershipConfig:
             raise RaylmError(str(e)) from e
         if self.include_path is not None and not self.include_path.is_dir():
             raise RaylmError(f"--include-path '{self.include_path}' is not a directory")
+        if self.checkpoint_every_s < 0:
+            raise RaylmError(f"--checkpoint-every must not be negative, got {self.checkpoint_every_s:g}")
         for name, value in (("--max-length", self.model.max_length), ("--limit", self.limit),
                             ("--actors", self.actors), ("--docs-per-batch", self.docs_per_batch)):
             if value is not None and value < 1:
@@ -105,18 +113,26 @@ def _run_membership(cfg: MembershipConfig, out_dir: Location) -> dict[str, Any]:
     table = table.append_column("path", table["task"])  # what a bad document's error names
     connect(min_cpus=local_cpus_needed(cfg.actors))
     recipe, n = plan_actors(cfg.model, cfg.actors, None)
+    manifest = corpus_manifest("membership", [cfg.model], [{"task_documents": table_digest(table)}],
+                               {"k": cfg.k, "max_length": max_length, "docs_per_batch": cfg.docs_per_batch})
+    checkpoint = CorpusCheckpoint(out_dir, manifest, cfg.overwrite, cfg.checkpoint_every_s)
     ds = ray.data.from_arrow(table)
     ds.context.execution_options.preserve_order = True
     # The actors load onto the placement's device (recipe.spec), as `raylm ppl`'s do.
-    scored = ds.map_batches(DocMembership, fn_constructor_args=(recipe.spec, max_length, cfg.k, recipe.threads),
+    scored = ds.map_batches(Resuming, fn_constructor_args=(DocMembership, (recipe.spec, max_length, cfg.k,
+                                                                           recipe.threads), checkpoint.saved),
                             batch_size=cfg.docs_per_batch, batch_format="pyarrow",
                             compute=ray.data.ActorPoolStrategy(size=n), **recipe.options())
     parts = []
     verdicts: set[str] = set()
+    resumed = 0
     with tqdm(total=table.num_rows, unit="doc", disable=not cfg.progress, desc="scoring") as bar:
         for batch in stream_batches(scored, "membership scoring"):
-            parts.append(take_prefix_sharing(batch, verdicts))
+            checkpoint.add(batch)
+            resumed += pc.sum(batch[RESUMED_COLUMN]).as_py() or 0
+            parts.append(take_prefix_sharing(batch.drop_columns([RESUMED_COLUMN, BATCH_COLUMN]), verdicts))
             bar.update(batch.num_rows)
+    checkpoint.save(final=True)
     rows = pa.concat_tables(parts)
     sink = pa.BufferOutputStream()
     pq.write_table(tagged(rows), sink)
@@ -129,7 +145,7 @@ def _run_membership(cfg: MembershipConfig, out_dir: Location) -> dict[str, Any]:
                              data_dir=str(cfg.data_dir) if cfg.data_dir else None,
                              include_path=str(cfg.include_path) if cfg.include_path else None,
                              prefix_sharing=prefix_sharing(sorted(verdicts)),
-                             model_commit=scored_commit(cfg.model)),
+                             model_commit=scored_commit(cfg.model), docs_resumed=resumed),
     }
     write_atomic(out_dir / MEMBERSHIP_JSON, json.dumps(report, indent=2).encode())
     return report

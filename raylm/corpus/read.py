@@ -93,7 +93,7 @@ def read_corpus(data: str | Sequence[str], fmt: str = "auto", text_column: str =
     wrong one fails before any model loads. `keep_empty_lines` keeps a text file's empty lines as empty documents,
     so that a row's index in its file is its line number. A `domain_column` other than `path` is kept as a
     `domain` column. `read_cpus`: the CPUs each read task asks for (None: Ray Data's default, one), 0 where
-actors that hold every CPU wait for the rows."""
+model actors that hold every CPU wait for the rows."""
     import ray.data  # here, not at the top: it takes a second to import and `raylm eval` never needs it
 
     sources = [data] if isinstance(data, str) else list(data)

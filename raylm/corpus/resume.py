@@ -29,9 +29,10 @@ RESUMED_COLUMN = "resumed"  # whether the actor answered the row from the checkp
 
 
 def batch_key(batch: pa.Table) -> str:
-    """A batch of documents by content: its files and texts, in order (and its domains, when it has them)."""
+    """A batch of documents by content: its files and texts, in order (and its domains, or a membership run's task
+    document ids, when it has them: rows answered from the checkpoint keep the ids they were saved with)."""
     digest = hashlib.blake2b(digest_size=16)
-    columns = [c for c in ("path", "text", "domain") if c in batch.column_names]
+    columns = [c for c in ("path", "text", "domain", "task", "doc_id") if c in batch.column_names]
     for row in zip(*(batch[c].to_pylist() for c in columns)):
         for value in row:
             data = str(value).encode("utf-8", "surrogatepass")

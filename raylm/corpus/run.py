@@ -234,12 +234,12 @@ def _run_corpus(cfg: CorpusConfig, out_dir: Location, actors: list[ActorHandle] 
     plan = plan_corpus(cfg)
     cfg = plan.config
     if actors is None:
-        # CPU actors leave one CPU to Ray Data's read tasks, or the stream would stall with every CPU held by an
-        # actor waiting for input.
+        # Ray Data's actor pool leaves one CPU to its read tasks, or the stream would stall with every CPU held by
+        # an actor waiting for input (_on_actor_pool).
         connect(min_cpus=local_cpus_needed(cfg.actors, READ_CPUS))
     elif cfg.kind != "ppl":
         raise RaylmError(f"raylm {cfg.kind} runs on actors of its own; a sweep's resident actors score ppl only")
-    # A sweep's resident actors hold the CPUs they were given: its reads ask for none.
+    # A sweep's resident actors hold the CPUs they were given, outside Ray Data's view: its reads ask for none.
     ds = read_corpus(cfg.data, cfg.fmt, cfg.text_column, cfg.limit_docs, domain_column=cfg.domain_column,
                      read_cpus=None if actors is None else 0)
     checkpoint = CorpusCheckpoint(out_dir, plan.manifest, cfg.overwrite, cfg.checkpoint_every_s)
@@ -269,6 +269,11 @@ def _on_actor_pool(ds: ray.data.Dataset, plan: Plan, checkpoint: CorpusCheckpoin
     # The work of a streamed corpus is not known before it is read: the cluster's count (raylm.cluster.placement).
     recipe, n = plan_actors(cfg.model, cfg.actors, None, reserve_cpus=READ_CPUS)
     log.info("placement: %s", recipe.reason)
+    if recipe.num_gpus == 0:
+        # The CPU left to reading is Ray's bookkeeping, not the actors' idle core: reading is light and comes in
+        # bursts, so CPU actors compute on it too (one actor on a 2-core machine, 2 torch threads, not 1: the
+        # scoring ran 1.7x slower so, bench/ppl_domains.py).
+        recipe = replace(recipe, threads=recipe.threads + int(READ_CPUS // n))
     if cfg.placement_timeout_s is not None:
         ds.context.wait_for_min_actors_s = cfg.placement_timeout_s
     # The actors load onto the placement's device (recipe.spec); Q lives beside P.
