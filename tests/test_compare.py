@@ -553,4 +553,5 @@ def test_a_sweeps_corpus_points_compare_with_its_first_corpus_point(runs, corpus
         (f"{sweep}/llama/fp32", f"{sweep}/gpt2/fp32"), (f"{sweep}/gpt2/corpus-more", f"{sweep}/llama/corpus-more"),
         (f"{sweep}/gpt2/corpus-wiki", f"{sweep}/llama/corpus-wiki")]
     assert out["comparisons"][0]["tasks"] == compared(a, b)["comparisons"][0]["tasks"]
-    assert out["comparisons"][1]["tasks"] == out["comparisons"][2]["tasks"] == compared(cb, ca)["comparisons"][0]["tasks"]
+    expected = compared(cb, ca)["comparisons"][0]["tasks"]
+    assert out["comparisons"][1]["tasks"] == out["comparisons"][2]["tasks"] == expected

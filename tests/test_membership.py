@@ -116,7 +116,8 @@ def test_a_window_longer_than_the_logits_budget_runs_in_pieces(spec):
     stopping, and the scores are the float64 reference's."""
     tokenizer, model = load_tokenizer(spec), load_model(spec)
     member = DocMembership(spec, 128, 20.0)
-    member.documents.scorer.max_predicted = 16  # what a budget of 16 positions' logits gives (Scorer(logits_budget=...))
+    # what a budget of 16 positions' logits gives (Scorer(logits_budget=...))
+    member.documents.scorer.max_predicted = 16
     texts = native_queries("winogrande", DATA)[:2] + [native_queries("wikitext", DATA)[1][:1500]]
     rows = member(documents(texts))
     assert rows["tokens"][2].as_py() > 2 * 128

@@ -45,7 +45,8 @@ def corpus_run(where: Location, results: dict[str, Any]) -> Run:
         tasks[macro_task(label)] = _figures(corpus["macro"])
     shaped = {"results": tasks, "config": results.get("config", {}),
               # every figure is a loss, a perplexity or a disagreement: lower is better
-              "higher_is_better": {task: {key.split(",")[0]: False for key in figures} for task, figures in tasks.items()}}
+              "higher_is_better": {task: {key.split(",")[0]: False for key in figures}
+                                   for task, figures in tasks.items()}}
     samples = where / "samples" / f"{label}.parquet"
     return Run(str(where), shaped, {label: samples} if samples.is_file() else {}, corpus=label)
 

@@ -87,7 +87,8 @@ def pair_corpus(a: Run, b: Run, rows_of: Rows) -> dict[str, Any]:
     label = a.corpus
     names_a, names_b = list(a.results["results"]), list(b.results["results"])
     pair = {"a": a.label, "b": b.label, "tasks": {}, "refused": {},
-            "only_in_a": [n for n in names_a if n not in names_b], "only_in_b": [n for n in names_b if n not in names_a]}
+            "only_in_a": [n for n in names_a if n not in names_b],
+            "only_in_b": [n for n in names_b if n not in names_a]}
     if label not in CORPUS_NLL:
         pair["refused"][label] = {"kl_mean": "raylm kl's figures are not compared (raylm ppl's bits per byte are)"}
         return pair

@@ -29,8 +29,8 @@ from raylm.storage.location import Location
 # differ); the whole config is on the page too, folded.
 CONFIG_KEYS = ("command", "model", "model_commit", "model_b", "peft", "peft_commit", "dtype", "scored_with",
                "quantization", "tasks", "data", "domain_column", "max_length", "stride", "limit", "limit_docs",
-               "num_fewshot", "batch_size", "random_seed", "numpy_seed", "torch_seed", "fewshot_seed", "actors", "shards",
-               "shards_retried", "shards_resumed", "docs_resumed", "wall_time_s", "versions")
+               "num_fewshot", "batch_size", "random_seed", "numpy_seed", "torch_seed", "fewshot_seed", "actors",
+               "shards", "shards_retried", "shards_resumed", "docs_resumed", "wall_time_s", "versions")
 RESULT_COLUMNS = ("Tasks", "Version", "Filter", "n-shot", "Metric", "", "Value", "", "Stderr")  # lm-eval's
 COMPARISON_COLUMNS = ("task", "metric", "n", "a", "b", "b − a", "se", "unpaired se", "95% low", "95% high", "p")
 HIGHER_IS_BETTER = {True: "↑", False: "↓"}  # lm-eval's table's arrows

@@ -3,8 +3,8 @@
 Each model gets a driver thread that starts its actor(s), evaluates its points one after another on them, then
 scores the sweep's corpora on the same actors (raylm.corpus.resident: each corpus a point of its own, a
 `raylm ppl --output` folder `corpus-<name>`), and kills them; Ray places the actors, so models run side by side
-as far as GPUs (or CPUs) allow and queue otherwise. Each point is a `raylm eval --output` folder of its own: it checkpoints its shards there, so a killed
-sweep resumes inside the point it was in, with any number of actors. A point is skipped only when its folder
+as far as GPUs (or CPUs) allow and queue otherwise. Each point is a `raylm eval --output` folder of its own: it
+checkpoints its shards there, so a killed sweep resumes inside the point it was in, with any number of actors. A point is skipped only when its folder
 holds this very config's finished results (point_is_current), and a model with nothing left to run is never
 loaded.
 """
