@@ -30,7 +30,6 @@ from raylm.cluster.runtime import (
     wants_gpu,
 )
 from raylm.config import EvalConfig
-from raylm.corpus.run import plan_corpus, run_corpus
 from raylm.errors import RaylmError, RemoteError, first_line
 from raylm.evaluate import evaluate, run_fingerprint
 from raylm.models.identity import pin_revision
@@ -156,6 +155,8 @@ def corpus_is_current(sweep: Sweep, model: SweepModel, corpus: SweepCorpus,
     where = point_dir(out, model, corpus.point)
     if not (where / RESULTS).exists() and not (where / CHECKPOINT_DIR).exists():
         return False
+    from raylm.corpus.run import plan_corpus  # torch and the scorers: only a sweep with corpora needs them here
+
     with output_lock(where):
         checkpoint = Checkpoint(where, plan_corpus(sweep.corpus_config(model, corpus)).manifest, command="ppl")
         try:
@@ -235,6 +236,8 @@ def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], corpor
             run.points_run.append(point.name)
             log.info("sweep: %s / %s done", model.name, point.name)
         set_batch_size(actors, None)  # a corpus's token budget is the model's, as in raylm ppl
+        from raylm.corpus.run import run_corpus  # see corpus_is_current
+
         for corpus in corpora:
             run_corpus(sweep.corpus_config(model, corpus), point_dir(out, model, corpus.point), actors)
             run.points_run.append(corpus.point)
