@@ -4,9 +4,9 @@ Each model gets a driver thread that starts its actor(s), evaluates its points o
 scores the sweep's corpora on the same actors (raylm.corpus.resident: each corpus a point of its own, a
 `raylm ppl --output` folder `corpus-<name>`), and kills them; Ray places the actors, so models run side by side
 as far as GPUs (or CPUs) allow and queue otherwise. Each point is a `raylm eval --output` folder of its own: it
-checkpoints its shards there, so a killed sweep resumes inside the point it was in, with any number of actors. A point is skipped only when its folder
-holds this very config's finished results (point_is_current), and a model with nothing left to run is never
-loaded.
+checkpoints its shards there, so a killed sweep resumes inside the point it was in, with any number of actors. A
+point is skipped only when its folder holds this very config's finished results (point_is_current,
+corpus_is_current), and a model with nothing left to run is never loaded.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -127,23 +128,15 @@ def point_is_current(sweep: Sweep, model: SweepModel, point: SweepPoint, out: st
     a folder holding a checkpoint of this very config resumes from it. Files raylm did not write are refused,
     as by `raylm eval`."""
     out = location(out)
-    where = point_dir(out, model, point)
-    if not (where / RESULTS).exists() and not (where / CHECKPOINT_DIR).exists():
-        return False
-    with output_lock(where):
-        cfg = point_config(sweep, model, point, out, None)
-        checkpoint = Checkpoint(where, run_fingerprint(cfg))
-        try:
-            checkpoint.refuse_foreign()
-        except RaylmError as e:
-            raise RaylmError(f"{model.name} / {point.name}: {e}") from e
-        differs = checkpoint.differences()
-        if not differs:
-            # The shards are this run's; the metrics also depend on the scan --decontaminate reads, which no shard
-            # does: results of another scan are recomputed from the checkpoint, which the rerun resumes whole.
-            return (where / RESULTS).is_file() and _scan_of(where / RESULTS) == scan_digest(sweep.decontaminate)
-    _supersede(out, model, point.name, differs)
-    return False
+
+    def finished(results: Location) -> bool:
+        # The shards are this run's; the metrics also depend on the scan --decontaminate reads, which no shard
+        # does: results of another scan are recomputed from the checkpoint, which the rerun resumes whole.
+        return results.is_file() and _scan_of(results) == scan_digest(sweep.decontaminate)
+
+    return _is_current(out, model, point.name,
+                       lambda where: Checkpoint(where, run_fingerprint(point_config(sweep, model, point, out, None))),
+                       finished)
 
 
 def corpus_is_current(sweep: Sweep, model: SweepModel, corpus: SweepCorpus,
@@ -151,22 +144,33 @@ def corpus_is_current(sweep: Sweep, model: SweepModel, corpus: SweepCorpus,
     """point_is_current for a corpus point: its results.json, and a checkpoint manifest equal to the one `raylm ppl`
     keys this corpus run to now (model, data files, options, versions, code); another config's folder is moved
     aside, and a checkpoint of this one resumes."""
-    out = location(out)
-    where = point_dir(out, model, corpus.point)
+
+    def checkpoint_of(where: Location) -> Checkpoint:
+        from raylm.corpus.run import plan_corpus  # torch and the scorers: only a sweep with corpora needs them
+
+        return Checkpoint(where, plan_corpus(sweep.corpus_config(model, corpus)).manifest, command="ppl")
+
+    return _is_current(location(out), model, corpus.point, checkpoint_of, Location.is_file)
+
+
+def _is_current(out: Location, model: SweepModel, point: str, checkpoint_of: Callable[[Location], Checkpoint],
+                finished: Callable[[Location], bool]) -> bool:
+    """The judgement both kinds of point share: nothing there runs the point; raylm's files of this very config
+    are current when `finished(results.json)`; files raylm did not write are refused; another config's are
+    moved aside."""
+    where = point_dir(out, model, point)
     if not (where / RESULTS).exists() and not (where / CHECKPOINT_DIR).exists():
         return False
-    from raylm.corpus.run import plan_corpus  # torch and the scorers: only a sweep with corpora needs them here
-
     with output_lock(where):
-        checkpoint = Checkpoint(where, plan_corpus(sweep.corpus_config(model, corpus)).manifest, command="ppl")
+        checkpoint = checkpoint_of(where)
         try:
             checkpoint.refuse_foreign()
         except RaylmError as e:
-            raise RaylmError(f"{model.name} / {corpus.point}: {e}") from e
+            raise RaylmError(f"{model.name} / {point}: {e}") from e
         differs = checkpoint.differences()
         if not differs:
-            return (where / RESULTS).is_file()
-    _supersede(out, model, corpus.point, differs)
+            return finished(where / RESULTS)
+    _supersede(out, model, point, differs)
     return False
 
 
