@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -34,8 +34,8 @@ from raylm.cluster.scored import ScoredShard
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
 from raylm.models.identity import pin_revision, scored_commit
-from raylm.models.loading import parameter_count
-from raylm.models.spec import check_model_path
+from raylm.models.loading import load_config, parameter_count, resolve_scorer
+from raylm.models.spec import ModelSpec, check_model_path
 from raylm.requests.driver import driver_encoder, driver_sampling, prompt_format, scored_spec
 from raylm.requests.encoding import Encoder
 from raylm.requests.masked import MaskedEncoder
@@ -188,13 +188,13 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
         scan.require_tasks([*docs, *(selection.leaves if selection is not None else [])])
     ray_started = _RayStarted(actors is not None)
     import_actor_code()  # before the tokenising thread starts (see there)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="raylm-tokenise") as tokenising:
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="raylm-tokenise") as tokenising:
         # Tokenising (and building lm-eval's requests) on a thread while Ray starts and the first actor loads its
         # model: on a small machine these fixed costs are much of a short run's wall time, and they do not depend
         # on each other. The other actors are asked for once the checkpoint says what is left, so that the work
         # sizes them (raylm.cluster.placement.Work) and a run with nothing left starts none.
         encoded = tokenising.submit(_tokenise, cfg, docs, selection, ray_started)
-        started, first = actors is not None, None
+        started, first, parameters = actors is not None, None, None
         try:
             if not started:
                 connect(min_cpus=local_cpus_needed(cfg.actors))
@@ -202,6 +202,10 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
                 started = True
         finally:
             ray_started.open(failed=not started)
+        if first is not None:
+            # There is work: the model's size, which sizes it, is counted meanwhile rather than after tokenising
+            # (building the model on the meta device imports its modeling code: seconds of a short run).
+            parameters = tokenising.submit(_parameter_count, cfg.model)
         launched = None
         try:
             encoder, tables, built, prompt = encoded.result()
@@ -214,7 +218,7 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
             resumed = len(scored)
             todo = [s for s in shards if s.index not in scored]
             if actors is None:
-                launched, first = _launch(cfg, _work(cfg, encoder, todo), first), None
+                launched, first = _launch(cfg, _work(cfg, encoder, todo, parameters), first), None
             report = ScheduleReport([], 0, 0, [])
             if todo:
                 pool = launched.wait_ready(cfg.placement_timeout_s) if launched is not None else actors
@@ -319,13 +323,20 @@ def log_native_samples(cfg: EvalConfig, docs: TaskDocs, prompt: PromptFormat, re
         results[name].samples = samples
 
 
-def _work(cfg: EvalConfig, encoder: Encoder | MaskedEncoder, todo: list[Shard]) -> Work:
+def _parameter_count(spec: ModelSpec) -> int:
+    return parameter_count(spec, resolve_scorer(spec, load_config(spec)))
+
+
+def _work(cfg: EvalConfig, encoder: Encoder | MaskedEncoder, todo: list[Shard], parameters: Future[int] | None
+          ) -> Work:
     """What is left to score, for placement to size the actors by: nothing at all when every shard is in the
-    checkpoint (the model's config is then not even read)."""
+    checkpoint (the model's config is then not even read, unless `parameters` already counted it)."""
+    counted = parameters.result() if parameters is not None else None
     if not todo:
         return Work(0, 0, 0)
-    kind = "mlm" if isinstance(encoder, MaskedEncoder) else "causal"
-    return Work(len(todo), sum(forward_tokens(s.table) for s in todo), parameter_count(cfg.model, kind))
+    if counted is None:
+        counted = parameter_count(cfg.model, "mlm" if isinstance(encoder, MaskedEncoder) else "causal")
+    return Work(len(todo), sum(forward_tokens(s.table) for s in todo), counted)
 
 
 class _FirstActor(NamedTuple):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -184,3 +185,17 @@ def test_source_digest_is_the_same_in_every_process():
     child = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed},
                            capture_output=True, text=True, check=True)
     assert child.stdout.strip() == source_digest(RAYLM_ROOT)
+
+
+def test_a_kept_source_digest_is_read_back_unparsed_and_an_edit_in_place_is_parsed_afresh(tmp_path, monkeypatch):
+    """Parsing every module is a second of each run's start: an unchanged tree's digest comes from raylm's cache
+    without a parse, while an edit in place (the same path, another ctime) is a miss."""
+    root = source_tree(tmp_path / "code", **{"scoring/scale.py": SCALE_MODULE})
+    monkeypatch.setenv("RAYLM_CACHE_DIR", str(tmp_path / "cache"))
+    digest = source_digest.__wrapped__(root)
+    parsed = []
+    real_parse = ast.parse
+    monkeypatch.setattr(ast, "parse", lambda *a, **k: parsed.append(1) or real_parse(*a, **k))
+    assert source_digest.__wrapped__(root) == digest and not parsed
+    (root / "scoring" / "scale.py").write_text(OTHER_CODE["a constant"])
+    assert source_digest.__wrapped__(root) != digest and parsed

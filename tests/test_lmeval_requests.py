@@ -96,3 +96,24 @@ def test_native_and_lm_eval_tables_refuse_unscorable_requests_by_one_rule_in_one
     with pytest.raises(RaylmError) as lmeval:
         request_tables(built, encoder)
     assert str(native.value) == str(lmeval.value) == expected
+
+
+def test_repeated_texts_are_encoded_once_and_each_pair_as_it_would_be_alone():
+    """A multiple-choice question's choices repeat its context: the tokenizer sees each distinct text once, and
+    every pair still gets the ids (and lists of its own) that encoding it alone gives."""
+    tokenizer = AutoTokenizer.from_pretrained(GPT2_TOKENIZER)
+    seen: list[str] = []
+
+    def recording(texts, **kwargs):
+        seen.extend(texts)
+        return tokenizer(texts, **kwargs)
+
+    encoder = Encoder(tokenizer, 128)
+    pairs = [(f"Question {q}: what?\nAnswer:", f" {choice}") for q in range(2) for choice in "ABCD"]
+    alone = [encoder.encode_pairs([pair])[0] for pair in pairs]
+    encoder.tokenizer = recording
+    together = encoder.encode_pairs(pairs)
+    assert together == alone
+    assert sorted(seen) == sorted({c + k for c, k in pairs} | {c for c, _ in pairs})
+    together[0][0].append(-1)
+    assert together[1][0] == alone[1][0]

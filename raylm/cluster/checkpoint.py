@@ -21,6 +21,7 @@ import io
 import json
 import logging
 import os
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ import pyarrow.parquet as pq
 import raylm
 from raylm.cluster.scored import ScoredShard
 from raylm.errors import RaylmError
-from raylm.models.identity import adapter_digest, model_digest
+from raylm.models.identity import adapter_digest, digest_entry, keep_digest, kept_digest, model_digest
 from raylm.models.spec import ModelSpec
 from raylm.requests.shards import Shard
 from raylm.scoring.sums import shard_sums
@@ -73,13 +74,28 @@ def source_digest(root: Path = RAYLM_ROOT) -> str:
     while any change to what the code does (a constant, an expression, a new module) changes it. The dump's
     format follows Python's ast module, so a Python upgrade may change the digest too.
 
-    Cached: parsing every module takes a second or more on a small machine, and a sweep fingerprints every
-    point."""
+    Parsing every module takes a second on a small machine, on the path of every run's start, so the digest is kept
+    in raylm's cache under the modules' identities (path, inode, size, mtime and ctime each, and the Python that
+    dumped them): an edit changes the ctime, which nothing sets back, so the digest is parsed afresh whenever a
+    module may have changed. In-process it is also kept, since a sweep fingerprints every point."""
+    modules = sorted(root.rglob("*.py"))
+    key = {"path": str(root.resolve()), "python": sys.version,
+           "modules": [[m.relative_to(root).as_posix(), *_identity(m.stat())] for m in modules]}
+    entry = digest_entry(key)
+    kept = kept_digest(entry, key)
+    if kept is not None:
+        return kept
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
+    for path in modules:
         tree = _Docstrings().visit(ast.parse(path.read_bytes(), filename=str(path)))
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + ast.dump(tree).encode() + b"\0")
+    if entry is not None:
+        keep_digest(entry, key, digest.hexdigest())
     return digest.hexdigest()
+
+
+def _identity(stat: os.stat_result) -> list[int]:
+    return [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
 
 
 class _Docstrings(ast.NodeTransformer):

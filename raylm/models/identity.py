@@ -17,6 +17,7 @@ import re
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -92,14 +93,14 @@ def file_digest(path: Path) -> str:
     mtime is hashed afresh."""
     before = path.stat()
     key = _file_key(path, before)
-    entry = _cache_entry(key)
-    cached = _cached_digest(entry, key)
+    entry = digest_entry(key)
+    cached = kept_digest(entry, key)
     if cached is not None:
         return cached
     digest = _hash_file(path, before.st_size)
     # A file that changed while it was read has no one digest to keep.
     if entry is not None and _file_key(path, path.stat()) == key:
-        _keep_digest(entry, key, digest)
+        keep_digest(entry, key, digest)
     return digest
 
 
@@ -118,7 +119,9 @@ def _hash_file(path: Path, size: int) -> str:
     return digest.hexdigest()
 
 
-def _cache_entry(key: dict[str, int | str]) -> Path | None:
+def digest_entry(key: dict[str, Any]) -> Path | None:
+    """Where the digest of what `key` identifies is kept (its "path" names it in a warning); None with the cache
+    off."""
     directory = cache_dir()
     if directory is None:
         return None
@@ -126,7 +129,7 @@ def _cache_entry(key: dict[str, int | str]) -> Path | None:
     return directory / DIGEST_DIR / f"{name}.json"
 
 
-def _cached_digest(entry: Path | None, key: dict[str, int | str]) -> str | None:
+def kept_digest(entry: Path | None, key: dict[str, Any]) -> str | None:
     if entry is None or not entry.is_file():
         return None
     try:
@@ -137,7 +140,7 @@ def _cached_digest(entry: Path | None, key: dict[str, int | str]) -> str | None:
     return digest if isinstance(digest, str) and SHA256.fullmatch(digest) else None
 
 
-def _keep_digest(entry: Path, key: dict[str, int | str], digest: str) -> None:
+def keep_digest(entry: Path, key: dict[str, Any], digest: str) -> None:
     """Best effort: a cache that cannot be written costs a rehash next run, never the run."""
     partial = None
     try:

@@ -60,15 +60,16 @@ class Encoder:
         return self._encode(texts, getattr(self.tokenizer, "bos_token", None))
 
     def _encode(self, texts: Sequence[str], marker: str | None) -> list[list[int]]:
-        marked = [bool(marker) and t.startswith(marker) for t in texts]
-        out: list[list[int]] = [[] for _ in texts]
+        """Each distinct text through the tokenizer once: a multiple-choice task's choices repeat their context
+        (MMLU's four, each over a five-shot prompt), and an encoding is a function of the text alone."""
+        distinct = list(dict.fromkeys(texts))
+        marked = [bool(marker) and t.startswith(marker) for t in distinct]
+        encoded: dict[str, list[int]] = {}
         for flag, kwargs in ((False, self._default), (True, {"add_special_tokens": False})):
-            indices = [i for i, m in enumerate(marked) if m == flag]
-            if indices:
-                ids = self.tokenizer([texts[i] for i in indices], **kwargs)["input_ids"]
-                for i, row in zip(indices, ids):
-                    out[i] = list(row)
-        return out
+            batch = [t for t, m in zip(distinct, marked) if m == flag]
+            if batch:
+                encoded.update(zip(batch, map(list, self.tokenizer(batch, **kwargs)["input_ids"])))
+        return [list(encoded[t]) for t in texts]
 
     def encode_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
         """(context, continuation) strings -> (context ids, continuation ids), batched through the tokenizer.
