@@ -4,8 +4,10 @@ metrics."""
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
@@ -29,7 +31,7 @@ from raylm.cluster.runtime import (
     local_cpus_needed,
     plan_actors,
 )
-from raylm.cluster.scheduler import ScheduleReport, score_shards
+from raylm.cluster.scheduler import IN_FLIGHT_PER_ACTOR, ScheduleReport, score_shards
 from raylm.cluster.scored import ScoredShard
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
@@ -41,7 +43,7 @@ from raylm.requests.encoding import Encoder
 from raylm.requests.masked import MaskedEncoder
 from raylm.requests.native import Tables, encode_task_requests
 from raylm.requests.order import restore
-from raylm.requests.shards import LMEVAL_KIND, Shard, make_shards
+from raylm.requests.shards import LMEVAL_KIND, Shard, cut, make_shards
 from raylm.requests.table import forward_tokens
 from raylm.results.contamination import CleanSets, read_scan
 from raylm.results.decontamination import clean_documents, native_decontaminated
@@ -85,18 +87,34 @@ class _RayStarted:
         return not self.failed
 
 
-def _tokenise(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_started: _RayStarted
+def _tokenise(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_started: _RayStarted,
+              on_table: Callable[[str, str, pa.Table], None] | None = None
               ) -> tuple[Encoder | MaskedEncoder, Tables, Built | None, PromptFormat]:
+    """Every task's request table; `on_table(task, kind, table)` is handed each as soon as it is built, in the
+    order the run's tables end up in (native tasks, then lm-eval's)."""
     encoder = driver_encoder(cfg.model)
     if cfg.apply_chat_template and isinstance(encoder, MaskedEncoder):
         raise RaylmError(f"--apply-chat-template applies to causal LMs; '{cfg.model.path}' is scored as a masked LM")
     prompt = run_prompt(cfg, encoder.tokenizer)
     tables = encode_task_requests(docs, encoder, prompt)
+    if on_table is not None:
+        for name, (kind, table) in tables.items():
+            on_table(name, kind, table)
     built = None
     if selection is not None and ray_started.wait():
-        built, lmeval_tables = run_lmeval_requests(cfg, selection, encoder, prompt)
+        each = (lambda name, table: on_table(name, LMEVAL_KIND, table)) if on_table is not None else None
+        built, lmeval_tables = run_lmeval_requests(cfg, selection, encoder, prompt, each)
         tables.update(lmeval_tables)
     return encoder, tables, built, prompt
+
+
+def _tokenise_streaming(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_started: _RayStarted,
+                        ready: queue.Queue) -> tuple[Encoder | MaskedEncoder, Tables, Built | None, PromptFormat]:
+    """_tokenise, each table put on `ready` as it is built and None after the last (or on failure)."""
+    try:
+        return _tokenise(cfg, docs, selection, ray_started, lambda *table: ready.put(table))
+    finally:
+        ready.put(None)
 
 
 # What each stage is handed from a run's EvalConfig (the stages take plain values; only the driver reads the config).
@@ -120,8 +138,8 @@ def run_prompt(cfg: EvalConfig, tokenizer) -> PromptFormat:
                          chat_template_args=cfg.chat_template_args, multiturn=cfg.multiturn)
 
 
-def run_lmeval_requests(cfg: EvalConfig, selection: Selection, encoder: Encoder | MaskedEncoder, prompt: PromptFormat
-                        ) -> tuple[Built, Tables]:
+def run_lmeval_requests(cfg: EvalConfig, selection: Selection, encoder: Encoder | MaskedEncoder, prompt: PromptFormat,
+                        on_table: Callable[[str, pa.Table], None] | None = None) -> tuple[Built, Tables]:
     """The run's lm-eval tasks built and tokenised (raylm.requests.lmeval.build_lmeval_requests), their tables
     kept in raylm's cache directory for the next run with the same requests, tokenizer and request code (the
     requests stage's, which turns lm-eval's request text into tables: raylm.requests.cache)."""
@@ -132,7 +150,8 @@ def run_lmeval_requests(cfg: EvalConfig, selection: Selection, encoder: Encoder 
                                  num_fewshot=cfg.num_fewshot, limit=cfg.limit, samples=cfg.samples,
                                  gen_kwargs=cfg.gen_kwargs, sampling=lambda: driver_sampling(cfg.model),
                                  predict_only=cfg.predict_only,
-                                 cache=TableCache.for_encoder(encoder, source_digest(RAYLM_ROOT / "requests")))
+                                 cache=TableCache.for_encoder(encoder, source_digest(RAYLM_ROOT / "requests")),
+                                 on_table=on_table)
 
 
 def run_settings(cfg: EvalConfig) -> dict[str, Any]:
@@ -193,7 +212,8 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
         # model: on a small machine these fixed costs are much of a short run's wall time, and they do not depend
         # on each other. The other actors are asked for once the checkpoint says what is left, so that the work
         # sizes them (raylm.cluster.placement.Work) and a run with nothing left starts none.
-        encoded = tokenising.submit(_tokenise, cfg, docs, selection, ray_started)
+        ready: queue.Queue = queue.Queue()
+        encoded = tokenising.submit(_tokenise_streaming, cfg, docs, selection, ray_started, ready)
         started, first, parameters = actors is not None, None, None
         try:
             if not started:
@@ -208,6 +228,7 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
             parameters = tokenising.submit(_parameter_count, cfg.model)
         launched = None
         try:
+            early = _score_while_building(cfg, first, ready) if first is not None else _Early()
             encoder, tables, built, prompt = encoded.result()
             clean, evaluated = clean_documents(cfg, scan, docs, built) if scan is not None else (None, {})
             shards = make_shards(tables, cfg.shard_requests)
@@ -216,6 +237,11 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
                 checkpoint = Checkpoint.open(cfg.output, _manifest(cfg, encoder, tables, shards), cfg.overwrite)
             scored = checkpoint.load(shards) if checkpoint else {}
             resumed = len(scored)
+            if early.results:
+                early.settle(shards, checkpoint, on_shard)
+                scored.update(early.results)
+                log.info("%d of %d shards scored while the tasks were still being built", len(early.results),
+                         len(shards))
             todo = [s for s in shards if s.index not in scored]
             if actors is None:
                 launched, first = _launch(cfg, _work(cfg, encoder, todo, parameters), first), None
@@ -226,7 +252,9 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
                     cfg.model, len(actors), cfg.batch_size, cfg.num_gpus, cfg.num_cpus)[0]
                 actors_score_on = loaded_as(pool)
                 if checkpoint is not None:
-                    checkpoint.check_scored_with(scored, actors_score_on)
+                    checkpoint.check_scored_with({i: r for i, r in scored.items() if i not in early.results},
+                                                 actors_score_on)
+                early.check_scored_with(actors_score_on)
 
                 def finished(shard: Shard, result: ScoredShard) -> None:
                     if scored_with(result) != actors_score_on:
@@ -273,8 +301,10 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
              "prefix_sharing": prefix_sharing(scored[s.index].prefix_sharing for s in shards),
              "tokens": token_counts((s.task, scored[s.index].tokens_in_requests, scored[s.index].computed_tokens)
                                     for s in shards),
-             "requests_scored": sum(s.table.num_rows for s in todo), "shards_retried": report.retried,
-             "shards_resumed": resumed, "actors_replaced": report.replaced, "ray_gcs_address": gcs_address(),
+             "requests_scored": sum(s.table.num_rows for s in todo) + early.requests,
+             "shards_retried": report.retried + early.retried, "shards_resumed": resumed,
+             "shards_scored_while_building": len(early.results), "actors_replaced": report.replaced + early.replaced,
+             "ray_gcs_address": gcs_address(),
              "model_commit": scored_commit(cfg.model), "peft_commit": cfg.model.peft_revision,
              "chat_template": prompt.chat_template.source if prompt.chat_template is not None else None,
              "scored_with": ", ".join(sorted({scored_with(scored[s.index]) for s in shards}))}
@@ -357,6 +387,66 @@ def _first_actor(cfg: EvalConfig) -> _FirstActor | None:
     recipe, _ = plan_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus, cfg.num_cpus, capacity=capacity)
     # No placement line yet: the one that counts comes with the work estimate (_launch).
     return _FirstActor(capacity, recipe, LaunchedActors(replace(recipe, reason=""), 1))
+
+
+class _Early:
+    """Shards the first actor scored while the rest of the tasks were still being built, by global index."""
+
+    def __init__(self) -> None:
+        self.results: dict[int, ScoredShard] = {}
+        self.shards: dict[int, Shard] = {}
+        self.retried = self.replaced = self.requests = 0
+
+    def add(self, shards: list[Shard], report: ScheduleReport) -> None:
+        for shard, result in zip(shards, report.results):
+            self.shards[shard.index], self.results[shard.index] = shard, result
+            self.requests += shard.table.num_rows
+        self.retried += report.retried
+        self.replaced += report.replaced
+
+    def settle(self, shards: list[Shard], checkpoint: Checkpoint | None,
+               on_shard: Callable[[Shard, ScoredShard], None] | None) -> None:
+        """Check each early shard is the run's shard of that index, then checkpoint it and report it, as a shard
+        scored after the build would have been."""
+        for index, shard in self.shards.items():
+            final = shards[index] if index < len(shards) else None
+            if final is None or final.task != shard.task or not final.table.equals(shard.table):
+                raise RuntimeError(f"shard {index} ({shard.task}) scored while the tasks were built is not the run's "
+                                   "shard of that index: the streamed tables came in another order than the run's")
+            if checkpoint is not None:
+                checkpoint.save(final, self.results[index])
+            if on_shard is not None:
+                on_shard(final, self.results[index])
+
+    def check_scored_with(self, actors: str) -> None:
+        other = sorted({scored_with(r) for r in self.results.values()} - {actors})
+        if other:
+            raise RaylmError(f"the shards scored while the tasks were built were scored on {', '.join(other)}, the "
+                             f"rest of the run's actors score on {actors}; pass --device and --dtype explicitly")
+
+
+def _score_while_building(cfg: EvalConfig, first: _FirstActor, ready: queue.Queue) -> _Early:
+    """Score the tables the tokenising thread puts on `ready` on the first actor, while it builds the rest, until
+    it puts None (built, or failed). Shards go out two at a time (the actor's in-flight pair) and the build's end
+    is looked for between pairs, so a run of one huge task still spreads over every actor once they are known;
+    shards of a table still waiting then are scored with the rest. Indices follow make_shards: tables arrive in the
+    run's order, so a table's shards come after every earlier table's."""
+    early, pending, pool, offered = _Early(), deque[Shard](), None, 0
+    while True:
+        # Every table built by now joins the pending shards; with none pending, the next one is waited for.
+        items = [] if pending else [ready.get()]
+        while not ready.empty():
+            items.append(ready.get_nowait())
+        for item in items:
+            if item is None:
+                return early
+            name, kind, table = item
+            pieces = cut(table, cfg.shard_requests)
+            pending.extend(Shard(name, kind, offered + j, piece) for j, piece in enumerate(pieces))
+            offered += len(pieces)
+        group = [pending.popleft() for _ in range(min(IN_FLIGHT_PER_ACTOR, len(pending)))]
+        pool = pool or first.launched.wait_ready(cfg.placement_timeout_s)
+        early.add(group, score_shards(pool, first.launched.recipe, group, progress=False))
 
 
 def _launch(cfg: EvalConfig, work: Work, first: _FirstActor | None) -> LaunchedActors:

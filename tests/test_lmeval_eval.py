@@ -11,6 +11,7 @@ import io
 import json
 import subprocess
 import sys
+import threading
 
 import lm_eval
 import pyarrow.parquet as pq
@@ -26,10 +27,12 @@ from raylm.api import RayLM
 from raylm.cache import CACHE_DIR_ENV, cache_dir
 from raylm.cli import main
 from raylm.cluster.checkpoint import CHECKPOINT_DIR
+from raylm import evaluate as evaluate_module
 from raylm.cluster.runtime import start_actors
 from raylm.config import EvalConfig
 from raylm.evaluate import evaluate
 from raylm.models.spec import ModelSpec
+from raylm.requests import lmeval as lmeval_requests
 from raylm.sweep.config import load_sweep
 from raylm.sweep.run import run_sweep
 
@@ -206,9 +209,10 @@ def test_log_samples_writes_lm_evals_logged_fields_per_request_and_document(cli_
 def runs(ray_session, tasks_dir, tmp_path_factory):
     """The same lm-eval tasks on 1 actor with big shards and on 2 actors with shards of 3 requests, the second
     run reading the request tables the first kept in a cache directory of their own (their files' modification
-    times after each run under "kept")."""
+    times after each run under "kept"). Then ("streamed") shards of 3 on actors the run starts itself, each task's
+    table after the first built only once the first actor has scored a shard ("waited": whether it had)."""
     spec = ModelSpec(str(STORIES), dtype="float32", device="cpu")
-    out: dict = {"kept": []}
+    out: dict = {"kept": [], "waited": []}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CACHE_DIR_ENV, str(tmp_path_factory.mktemp("raylm-cache")))
         for n_actors, shard_requests in ((1, 512), (2, 3)):
@@ -219,6 +223,24 @@ def runs(ray_session, tasks_dir, tmp_path_factory):
             for actor in actors:
                 ray.kill(actor)
             out["kept"].append({p: p.stat().st_mtime_ns for p in (cache_dir() / "requests").iterdir()})
+        scored, built = threading.Event(), []
+
+        def scoring(*args, **kwargs):
+            report = real_score_shards(*args, **kwargs)
+            scored.set()
+            return report
+
+        def building(requests, *args, **kwargs):
+            if built:
+                out["waited"].append(scored.wait(timeout=60))
+            built.append(requests[0].task)
+            return real_request_table(requests, *args, **kwargs)
+
+        real_score_shards, real_request_table = evaluate_module.score_shards, lmeval_requests.request_table
+        patch.setattr(evaluate_module, "score_shards", scoring)
+        patch.setattr(lmeval_requests, "request_table", building)
+        out["streamed"] = evaluate(EvalConfig(spec, LMEVAL_TASKS, limit=6, shard_requests=3, progress=False,
+                                              include_path=tasks_dir, bootstrap_iters=1000, actors=1))
     return out
 
 
@@ -244,6 +266,22 @@ def test_lm_eval_results_do_not_depend_on_actors_or_shard_size(runs):
         assert held == tokens_two[name]["in_requests"] > 0
         assert tokens_one[name]["computed"] <= tokens_two[name]["computed"] <= held
     assert sum(t["computed"] for t in tokens_one.values()) < sum(t["in_requests"] for t in tokens_one.values())
+
+
+def test_scoring_starts_while_later_tasks_are_still_being_built_and_gives_the_same_numbers(runs):
+    """The first actor scores the first tasks' shards while the driver builds the rest (each later table waited
+    here for a scored shard, and got one), and those shards count as the run's: the numbers are those of the
+    same shards scored after a whole build."""
+    streamed, two = runs["streamed"], runs[2]
+    assert runs["waited"] and all(runs["waited"])
+    assert 0 < streamed.extra["shards_scored_while_building"] < streamed.extra["shards"] == two.extra["shards"]
+    assert streamed.extra["requests_scored"] == two.extra["requests_scored"]
+    for name, a in two.tasks.items():
+        b = streamed.tasks[name]
+        assert a.sums == pytest.approx(b.sums, rel=1e-6)
+        assert a.scored.select(["doc_id", "req_idx", "window"]).equals(b.scored.select(["doc_id", "req_idx", "window"]))
+    for section in ("results", "groups", "n-samples", "n-shot", "versions"):
+        assert_same(streamed.lmeval[section], two.lmeval[section])
 
 
 def assert_same(ours: dict, theirs: dict) -> None:

@@ -125,10 +125,13 @@ def task_metadata(built: Built, task: str) -> dict[bytes, bytes]:
 
 def request_tables(built: Built, encoder: Encoder | MaskedEncoder,
                    sampling: Callable[[], ModelSampling] = ModelSampling, seed: int | None = None,
-                   cache: TableCache | None = None) -> dict[str, pa.Table]:
+                   cache: TableCache | None = None,
+                   on_table: Callable[[str, pa.Table], None] | None = None) -> dict[str, pa.Table]:
     """Every task's table, or one line naming every unscorable request of every task. A generate_until task's is a
     generation table (raylm.requests.generation), from the model's sampling defaults (`sampling`, asked for only
-    when a task generates) and the run's torch seed; any other task's is read from `cache` where it keeps it."""
+    when a task generates) and the run's torch seed; any other task's is read from `cache` where it keeps it.
+    `on_table(task, table)` is handed each task's table as soon as it is built, unless it holds a request raylm
+    cannot score (the run stops on those once every task is built)."""
     tables, problems = {}, []
     model: ModelSampling | None = None
     for task in built.tasks["tasks"]:
@@ -140,9 +143,12 @@ def request_tables(built: Built, encoder: Encoder | MaskedEncoder,
             model = model or sampling()
             tables[task], cut = generation_table(built.requests(task), encoder, model, seed, metadata)
             warn_truncated(task, cut, encoder.max_length)
-            continue
-        tables[task], unscorable = request_table(built.requests(task), encoder, metadata, cache)
-        problems += [(r.task, r.doc_id, r.idx, why, n) for r, why, n in unscorable]
+            unscorable = []
+        else:
+            tables[task], unscorable = request_table(built.requests(task), encoder, metadata, cache)
+            problems += [(r.task, r.doc_id, r.idx, why, n) for r, why, n in unscorable]
+        if on_table is not None and not unscorable:
+            on_table(task, tables[task])
     if problems:
         raise RaylmError(describe_problems(problems, encoder.max_length))
     return tables
@@ -153,12 +159,13 @@ def build_lmeval_requests(selection: Selection, encoder: Encoder | MaskedEncoder
                           limit: int | float | None = None, samples: dict[str, list[int]] | None = None,
                           gen_kwargs: dict[str, Any] | None = None,
                           sampling: Callable[[], ModelSampling] = ModelSampling, predict_only: bool = False,
-                          cache: TableCache | None = None) -> tuple[Built, Tables]:
+                          cache: TableCache | None = None,
+                          on_table: Callable[[str, pa.Table], None] | None = None) -> tuple[Built, Tables]:
     """lm-eval's tasks loaded, their requests built in lm-eval's order and seeding, and tokenised into tables (or
     read from `cache`). `tasks` is every name the run asks for, native ones too (a built task that clashes with one
     is refused); the keywords are EvalConfig's, and `sampling` the model's generation defaults
-    (raylm.requests.driver)."""
+    (raylm.requests.driver); `on_table` as for request_tables."""
     built = load_and_build(selection, seeds, num_fewshot, limit, samples, prompt, gen_kwargs, predict_only)
     refuse_native_clash(tasks, built.tasks["tasks"])
-    tables = request_tables(built, encoder, sampling, seeds[2], cache)
+    tables = request_tables(built, encoder, sampling, seeds[2], cache, on_table)
     return built, {name: (LMEVAL_KIND, table) for name, table in tables.items()}
