@@ -109,9 +109,12 @@ def _tokenise(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_
 
 
 def _tokenise_streaming(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_started: _RayStarted,
-                        ready: queue.Queue) -> tuple[Encoder | MaskedEncoder, Tables, Built | None, PromptFormat]:
-    """_tokenise, each table put on `ready` as it is built and None after the last (or on failure)."""
+                        ready: queue.Queue, importing: Future[None]
+                        ) -> tuple[Encoder | MaskedEncoder, Tables, Built | None, PromptFormat]:
+    """_tokenise once `importing` (the actor's code) is done, each table put on `ready` as it is built and None
+    after the last (or on failure)."""
     try:
+        importing.result()
         return _tokenise(cfg, docs, selection, ray_started, lambda *table: ready.put(table))
     finally:
         ready.put(None)
@@ -206,18 +209,22 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
         scan = CleanSets(read_scan(cfg.decontaminate), cfg.decontaminate)
         scan.require_tasks([*docs, *(selection.leaves if selection is not None else [])])
     ray_started = _RayStarted(actors is not None)
-    import_actor_code()  # before the tokenising thread starts (see there)
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="raylm-tokenise") as tokenising:
-        # Tokenising (and building lm-eval's requests) on a thread while Ray starts and the first actor loads its
-        # model: on a small machine these fixed costs are much of a short run's wall time, and they do not depend
-        # on each other. The other actors are asked for once the checkpoint says what is left, so that the work
-        # sizes them (raylm.cluster.placement.Work) and a run with nothing left starts none.
+        # Importing the actor's code, then tokenising (and building lm-eval's requests), on a thread while Ray
+        # starts and the first actor loads its model: on a small machine these fixed costs are much of a short
+        # run's wall time, and they do not depend on each other. Starting Ray imports neither torch nor
+        # transformers; whatever imports them next (the tokenising, the first actor's start) waits for the import
+        # to finish (raylm.cluster.runtime.import_actor_code). The other actors are asked for once the checkpoint
+        # says what is left, so that the work sizes them (raylm.cluster.placement.Work) and a run with nothing left
+        # starts none.
+        importing = tokenising.submit(import_actor_code)
         ready: queue.Queue = queue.Queue()
-        encoded = tokenising.submit(_tokenise_streaming, cfg, docs, selection, ray_started, ready)
+        encoded = tokenising.submit(_tokenise_streaming, cfg, docs, selection, ray_started, ready, importing)
         started, first, parameters = actors is not None, None, None
         try:
             if not started:
                 connect(min_cpus=local_cpus_needed(cfg.actors))
+                importing.result()
                 first = _first_actor(cfg)
                 started = True
         finally:

@@ -99,13 +99,13 @@ def cpu_share(actors: int) -> int:
 
 
 def import_actor_code() -> None:
-    """Imports what an actor runs (torch, transformers, the scorers) on the driver before it starts threads that load
-    tokenizers, so that its own import of that code, to start actors, never runs beside theirs. transformers'
-    first import ends by replacing its module in sys.modules with a lazy one, and CPython hands an `import`
-    statement that another thread runs meanwhile, once the import is done, the module object it found before
-    waiting: the replaced one, which holds none of transformers' names. `raylm eval` failed so at random, "cannot
-    import name 'DynamicCache' from 'transformers'" (tests/test_import_race.py). Not done when this module is
-    imported: torch takes seconds, and bad input should fail before that."""
+    """Imports what an actor runs (torch, transformers, the scorers) on the driver before anything else there imports
+    transformers (the tokenising, the start of actors, which imports this code too), so that no import of it runs
+    beside another. transformers' first import ends by replacing its module in sys.modules with a lazy one, and
+    CPython hands an `import` statement that another thread runs meanwhile, once the import is done, the module
+    object it found before waiting: the replaced one, which holds none of transformers' names. `raylm eval` failed
+    so at random, "cannot import name 'DynamicCache' from 'transformers'" (tests/test_import_race.py). Not done when
+    this module is imported: torch takes seconds, and bad input should fail before that."""
     import raylm.cluster.actors  # noqa: F401
 
 
