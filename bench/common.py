@@ -20,11 +20,14 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from fixture_data import STORIES, data_dir  # noqa: E402
 
+CACHE = Path(os.environ.get("RAYLM_BENCH_CACHE", "/tmp/raylm-bench"))
+# The tests' data unpacked once into the benchmarks' cache, for this process and the scripts it runs (a task-YAML
+# writer run on its own would unpack into a directory removed when it exits, and its YAMLs would point there).
+os.environ.setdefault("RAYLM_TEST_SESSION_CACHE", str(CACHE / "session"))
 DATA = data_dir()  # the tests' data (tests/data), unpacked
 GPT2_TOKENIZER = DATA / "models" / "gpt2-tokenizer"
 LMEVAL_REF = REPO / "tests" / "golden" / "make_stories260K.py"  # lm-eval's own runs, as the goldens were made
 MK_LOCAL_TASKS = REPO / "tests" / "offline_tasks.py"
-CACHE = Path(os.environ.get("RAYLM_BENCH_CACHE", "/tmp/raylm-bench"))
 
 
 def env() -> dict[str, str]:
