@@ -381,3 +381,23 @@ def test_cli_ppl_killed_with_its_ray_resumes_from_s3_to_an_undisturbed_runs_numb
         json.dumps(whole.metrics))
     with (location(out) / "samples" / "ppl.parquet").open_input() as f:
         assert pq.read_table(f).select(whole_docs.column_names).equals(whole_docs)
+
+
+def test_reads_asking_no_cpu_run_while_actors_hold_every_cpu(ray_session, tmp_path, recwarn):
+    """A sweep reads its corpora while its model actors hold every CPU: reads that asked for one would wait for
+    ever. read_cpus=0 reaches every read and column step through Ray Data's own parameter, not the deprecated
+    ray_remote_args (gone in Ray 2.64)."""
+    from ray.util import placement_group, remove_placement_group
+
+    from raylm.corpus.read import read_corpus
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"body": f"document {i}"}) + "\n" for i in range(3)))
+    every_cpu = placement_group([{"CPU": ray_session.cluster_resources()["CPU"]}])
+    ray_session.get(every_cpu.ready())
+    try:
+        rows = read_corpus(str(corpus), text_column="body", read_cpus=0).take_all()
+    finally:
+        remove_placement_group(every_cpu)
+    assert [r["text"] for r in rows] == ["document 0", "document 1", "document 2"]
+    assert not [w for w in recwarn if "ray_remote_args" in str(w.message)]

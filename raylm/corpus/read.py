@@ -104,15 +104,14 @@ model actors that hold every CPU wait for the rows."""
                                "at a time")
     fmt = formats.pop()
     paths = [p for d in sources for p in expand_paths(d)]
-    remote = {} if read_cpus is None else {"num_cpus": read_cpus}
     try:
         if fmt == "parquet":
-            ds = ray.data.read_parquet(paths, include_paths=True, ray_remote_args=remote)
+            ds = ray.data.read_parquet(paths, include_paths=True, num_cpus=read_cpus)
         elif fmt == "jsonl":
-            ds = ray.data.read_json(paths, include_paths=True, ray_remote_args=remote)
+            ds = ray.data.read_json(paths, include_paths=True, num_cpus=read_cpus)
         elif fmt == "txt":
             ds = ray.data.read_text(paths, include_paths=True, drop_empty_lines=not keep_empty_lines,
-                                    ray_remote_args=remote)
+                                    num_cpus=read_cpus)
             text_column = "text"
         else:
             raise InputError(data, f"unknown format '{fmt}' (use {', '.join(FORMATS)})")
@@ -126,10 +125,10 @@ model actors that hold every CPU wait for the rows."""
     domain = domain_column not in (None, PATH_DOMAIN)
     if domain and domain_column not in schema.names:
         raise InputError(data, f"no such column (columns: {', '.join(schema.names)})", field=domain_column)
-    ds = ds.select_columns([text_column, "path", *([domain_column] if domain else [])], **remote)
+    ds = ds.select_columns([text_column, "path", *([domain_column] if domain else [])], num_cpus=read_cpus)
     renames = {text_column: "text", **({domain_column: "domain"} if domain else {})}
     if any(old != new for old, new in renames.items()):
-        ds = ds.rename_columns({old: new for old, new in renames.items() if old != new}, **remote)
+        ds = ds.rename_columns({old: new for old, new in renames.items() if old != new}, num_cpus=read_cpus)
     # Output order = input order, so the driver can number documents as they arrive and --limit-docs takes
     # the first N.
     ds.context.execution_options.preserve_order = True
