@@ -21,8 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DATA, REPO, env, gpt2_small, print_table  # noqa: E402
 
 
-def runs(work: Path) -> dict[str, list[str]]:
-    """Each case's `raylm eval` arguments (output directory appended per run)."""
+def runs(work: Path, mmlu: Path | None) -> dict[str, list[str]]:
+    """Each case's `raylm eval` arguments (output directory appended per run); with `mmlu` (task YAMLs
+    tests/offline_tasks.py wrote for a 57-subject MMLU mirror), also every subject's first 5 questions, 5-shot:
+    57 tasks to build, where scoring while the later ones are built shows."""
     tasks = work / "tasks"
     if not tasks.exists():
         subprocess.run([sys.executable, str(REPO / "tests" / "golden" / "make_generation_tasks.py"), str(tasks)],
@@ -39,6 +41,8 @@ def runs(work: Path) -> dict[str, list[str]]:
         "gsm8k_cot_local 8-shot, 1 doc": ["--model", model, "--tasks", "gsm8k_cot_local", "--include-path",
                                           str(tasks), "--num-fewshot", "8", "--gen-kwargs", "max_gen_toks=32",
                                           *common],
+        **({"mmlu_local 5-shot, 57 x 5 docs": ["--model", model, "--tasks", "mmlu_local", "--include-path", str(mmlu),
+                                                "--num-fewshot", "5", *common[:-1], "5"]} if mmlu else {}),
     }
 
 
@@ -58,9 +62,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, required=True, help="a checkout of the earlier commit")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--mmlu", type=Path, help="task YAMLs for all 57 MMLU subjects (tests/offline_tasks.py)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="raylm-startup-"))
-    cases = runs(work)
+    cases = runs(work, args.mmlu)
     checkouts = {"before": args.before.resolve(), "after": REPO}
     best: dict[tuple[str, str], float] = {}
     n = 0
