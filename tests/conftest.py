@@ -45,17 +45,18 @@ torch.set_num_threads(1)
 
 # The files whose tests take longest in all, first: pytest-xdist hands whole files to workers in collection order
 # (under --no-loadscope-reorder; by default it sends the files with the most tests first), so with these first the
-# run does not end on one worker finishing a long file while the others sit idle. From the per-file wall time of a
-# full run; a file not named keeps its place after them.
-LONGEST_FIRST = ("test_corpus.py", "test_contamination.py", "test_lmeval_eval.py", "test_sweep.py", "test_golden.py",
-                 "test_storage_s3.py", "test_cli.py", "test_mlm_eval.py", "test_fault_tolerance.py",
-                 "test_autoscaling.py", "test_eval_ray.py", "test_lmeval_golden.py", "test_quantization.py",
-                 "test_generation_parity.py", "test_job_submit.py", "test_bench_gpu_driver.py",
-                 "test_parity_golden.py", "test_mlm_ppl.py", "test_scoring.py", "test_resume.py", "test_node_loss.py",
-                 "test_architectures.py", "test_fewshot.py", "test_lmeval_names.py", "test_generation_tasks.py",
-                 "test_bad_input.py", "test_lmeval_results.py", "test_placement_timeout.py", "test_model_identity.py",
-                 "test_report.py", "test_mlm_scoring.py", "test_membership.py", "test_lowp_lmeval.py",
-                 "test_placement.py", "test_prefix_scoring.py", "test_cpus.py")
+# run does not end on one worker finishing a long file while the others sit idle. From the per-file time of a full
+# run (its tests' setup, call and teardown, `--durations=0`); a file not named (under 10 s) keeps its place after them.
+LONGEST_FIRST = ("test_corpus.py", "test_contamination.py", "test_sweep.py", "test_job_submit.py", "test_resume.py",
+                 "test_lmeval_eval.py", "test_autoscaling.py", "test_storage_s3.py", "test_mlm_eval.py",
+                 "test_cli.py", "test_golden.py", "test_fault_tolerance.py", "test_architectures.py",
+                 "test_quantization.py", "test_generation_parity.py", "test_lmeval_names.py", "test_node_loss.py",
+                 "test_generation_tasks.py", "test_report.py", "test_membership.py", "test_parity_golden.py",
+                 "test_lmeval_golden.py", "test_bench_gpu_driver.py", "test_mlm_ppl.py", "test_eval_ray.py",
+                 "test_fewshot.py", "test_cpus.py", "test_model_identity.py", "test_mlm_scoring.py",
+                 "test_placement_timeout.py", "test_scoring.py", "test_generation_engine.py", "test_bad_input.py",
+                 "test_lowp_lmeval.py", "test_placement.py", "test_import_race.py", "test_lmeval_results.py",
+                 "test_prefix_scoring.py", "test_compare.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

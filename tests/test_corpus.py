@@ -19,15 +19,20 @@ import torch
 from conftest import DATA, run_cli
 from reference import float64_copy
 from reference_corpus import reference_strided_nll
+from task_requests import build_task_requests
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from raylm.cli import main
+from raylm.cluster.actors import score_shard
 from raylm.config import EvalConfig
 from raylm.corpus.doc_scoring import DocPerplexity
 from raylm.corpus.run import CorpusConfig, results_dict, run_corpus
 from raylm.errors import RaylmError
-from raylm.evaluate import evaluate
+from raylm.models.context import resolve_max_length
+from raylm.models.loading import load_model, load_tokenizer
 from raylm.models.spec import ModelSpec
+from raylm.requests.encoding import Encoder
+from raylm.scoring.scorer import Scorer
 from raylm.storage.ownership import is_raylm_parquet
 from raylm.cluster.scheduler import SHARD_DELAY_ENV
 from raylm.storage.location import location
@@ -114,11 +119,17 @@ def test_results_file_and_per_document_samples(parquet_run, lines, tmp_path_fact
 
 def test_stride_equal_to_max_length_is_the_wikitext_tasks_rolling_windows_without_its_bos(spec, tmp_path):
     """The WikiText task keeps lm-eval's rolling windows, which for a Llama tokenizer score the tokenizer's BOS
-    after a second BOS; `raylm ppl` lets that BOS condition instead, so it scores one token less per document."""
+    after a second BOS; `raylm ppl` lets that BOS condition instead, so it scores one token less per document. The
+    task's requests are scored in-process, by the code its actors run (tests/test_eval_ray.py shows actors give
+    the same sums), not on actors started for this."""
     pages = wikitext_docs(DATA)[:2]
     pq.write_table(pa.table({"text": [p.text for p in pages]}), tmp_path / "wiki.parquet")
     result, _ = run(spec, str(tmp_path / "wiki.parquet"), tmp_path / "out")
-    task = evaluate(EvalConfig(spec, ("wikitext",), DATA, limit=2, progress=False)).tasks["wikitext"]
+    tokenizer, model = load_tokenizer(spec), load_model(spec)
+    encoder = Encoder(tokenizer, resolve_max_length(model.config, tokenizer))
+    tables, _ = build_task_requests(EvalConfig(spec, ("wikitext",), DATA, limit=2), encoder)
+    kind, table = tables["wikitext"]
+    task = score_shard(Scorer(model, encoder.max_length), kind, table)
     assert result.stride == result.max_length == 128
     assert result.metrics["docs"] == 2 and result.metrics["tokens"] == task.sums["tokens"] - 2
 

@@ -28,14 +28,17 @@ TASKS = ("hellaswag", "winogrande", "wikitext")
 
 @pytest.fixture(scope="module")
 def runs(ray_session, tiny_llama):
-    """The same evaluation on 1 actor with big shards and on 2 actors with small shards."""
+    """The same evaluation on 1 actor with big shards and on 2 actors with small shards. The two actors are started
+    once (starting one, a process importing torch, costs more than the evaluation): the first scores alone."""
     spec = ModelSpec(str(tiny_llama), dtype="float32", device="cpu")
     out = {}
-    for n_actors, shard_requests in ((1, 512), (2, 7)):
-        actors = start_actors(spec, n_actors, None)
-        pids = ray.get([a.ready.remote() for a in actors])
-        cfg = EvalConfig(spec, TASKS, DATA, limit=24, shard_requests=shard_requests, progress=False)
-        out[n_actors] = (evaluate(cfg, actors), pids)
+    actors = start_actors(spec, 2, None)
+    try:
+        for n_actors, shard_requests in ((1, 512), (2, 7)):
+            pids = ray.get([a.ready.remote() for a in actors[:n_actors]])
+            cfg = EvalConfig(spec, TASKS, DATA, limit=24, shard_requests=shard_requests, progress=False)
+            out[n_actors] = (evaluate(cfg, actors[:n_actors]), pids)
+    finally:
         for actor in actors:
             ray.kill(actor)
     return out

@@ -209,20 +209,23 @@ def test_log_samples_writes_lm_evals_logged_fields_per_request_and_document(cli_
 def runs(ray_session, tasks_dir, tmp_path_factory):
     """The same lm-eval tasks on 1 actor with big shards and on 2 actors with shards of 3 requests, the second
     run reading the request tables the first kept in a cache directory of their own (their files' modification
-    times after each run under "kept"). Then ("streamed") shards of 3 on actors the run starts itself, each task's
-    table after the first built only once the first actor has scored a shard ("waited": whether it had)."""
+    times after each run under "kept"); the two actors are started once, the first scoring alone. Then
+    ("streamed") shards of 3 on an actor the run starts itself, each task's table after the first built only once
+    that actor has scored a shard ("waited": whether it had)."""
     spec = ModelSpec(str(STORIES), dtype="float32", device="cpu")
     out: dict = {"kept": [], "waited": []}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CACHE_DIR_ENV, str(tmp_path_factory.mktemp("raylm-cache")))
-        for n_actors, shard_requests in ((1, 512), (2, 3)):
-            actors = start_actors(spec, n_actors, None)
-            cfg = EvalConfig(spec, LMEVAL_TASKS, limit=6, shard_requests=shard_requests, progress=False,
-                             include_path=tasks_dir, bootstrap_iters=1000)
-            out[n_actors] = evaluate(cfg, actors)
+        actors = start_actors(spec, 2, None)
+        try:
+            for n_actors, shard_requests in ((1, 512), (2, 3)):
+                cfg = EvalConfig(spec, LMEVAL_TASKS, limit=6, shard_requests=shard_requests, progress=False,
+                                 include_path=tasks_dir, bootstrap_iters=1000)
+                out[n_actors] = evaluate(cfg, actors[:n_actors])
+                out["kept"].append({p: p.stat().st_mtime_ns for p in (cache_dir() / "requests").iterdir()})
+        finally:
             for actor in actors:
                 ray.kill(actor)
-            out["kept"].append({p: p.stat().st_mtime_ns for p in (cache_dir() / "requests").iterdir()})
         scored, built = threading.Event(), []
 
         def scoring(*args, **kwargs):
