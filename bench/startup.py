@@ -62,19 +62,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, required=True, help="a checkout of the earlier commit")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", help="comma-separated starts of the case names to run (default: all)")
+    parser.add_argument("--no-warm-up", action="store_true",
+                        help="count the first round too (raylm's cache already warm from an earlier run)")
     parser.add_argument("--mmlu", type=Path, help="task YAMLs for all 57 MMLU subjects (tests/offline_tasks.py)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="raylm-startup-"))
     cases = runs(work, args.mmlu)
+    if args.only:
+        cases = {name: a for name, a in cases.items() if name.startswith(tuple(args.only.split(",")))}
     checkouts = {"before": args.before.resolve(), "after": REPO}
     best: dict[tuple[str, str], float] = {}
     n = 0
-    for repeat in range(args.repeats + 1):  # the first round warms raylm's cache and is not counted
+    warm_up = 0 if args.no_warm_up else 1
+    for repeat in range(args.repeats + warm_up):  # a first round warms raylm's cache and is not counted
         for case, case_args in cases.items():
             for label, checkout in checkouts.items():
                 n += 1
                 wall = timed_in(checkout, case_args, work / f"out-{n}", f"{label} {case}")
-                if repeat:
+                if repeat >= warm_up:
                     best[label, case] = min(best.get((label, case), wall), wall)
     rows = [[case, best["before", case], best["after", case], best["before", case] / best["after", case]]
             for case in cases]

@@ -235,7 +235,7 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
             parameters = tokenising.submit(_parameter_count, cfg.model)
         launched = None
         try:
-            early = _score_while_building(cfg, first, ready) if first is not None else _Early()
+            early = _score_while_building(cfg, first, ready) if first and first.scores_beside_the_build() else _Early()
             encoder, tables, built, prompt = encoded.result()
             clean, evaluated = clean_documents(cfg, scan, docs, built) if scan is not None else (None, {})
             shards = make_shards(tables, cfg.shard_requests)
@@ -382,6 +382,13 @@ class _FirstActor(NamedTuple):
     capacity: Capacity
     recipe: ActorRecipe
     launched: LaunchedActors
+
+    def scores_beside_the_build(self) -> bool:
+        """Whether it may score while the driver builds the rest of the tasks without taking the cores the build
+        runs on: it computes on a GPU, or the cluster has a CPU beyond its threads. Where its threads are every
+        core (the local Ray of a small machine), the tokenising would preempt them, each preemption stalling its
+        other OpenMP threads at their next barrier: 57 MMLU tasks ran slower so on 2 cores than built first."""
+        return self.recipe.num_gpus > 0 or self.capacity.live_total("CPU") >= self.recipe.threads + 1
 
 
 def _first_actor(cfg: EvalConfig) -> _FirstActor | None:

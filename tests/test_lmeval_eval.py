@@ -242,8 +242,9 @@ def runs(ray_session, tasks_dir, tmp_path_factory):
         real_score_shards, real_request_table = evaluate_module.score_shards, lmeval_requests.request_table
         patch.setattr(evaluate_module, "score_shards", scoring)
         patch.setattr(lmeval_requests, "request_table", building)
+        # One CPU for the actor leaves the build one of the session's two (_FirstActor.scores_beside_the_build).
         out["streamed"] = evaluate(EvalConfig(spec, LMEVAL_TASKS, limit=6, shard_requests=3, progress=False,
-                                              include_path=tasks_dir, bootstrap_iters=1000, actors=1))
+                                              include_path=tasks_dir, bootstrap_iters=1000, actors=1, num_cpus=1))
     return out
 
 

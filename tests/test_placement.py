@@ -24,7 +24,7 @@ from raylm.cluster.runtime import ActorRecipe, LaunchedActors, plan_actors
 from raylm.config import EvalConfig
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.errors import RaylmError
-from raylm.evaluate import evaluate
+from raylm.evaluate import _FirstActor, evaluate
 from raylm.models.loading import parameter_count
 from raylm.models.spec import ModelSpec
 
@@ -320,9 +320,20 @@ def test_a_rerun_with_nothing_left_to_score_starts_no_actor(ray_session, tmp_pat
         first_log = caplog.text
         caplog.clear()
         rerun = evaluate(cfg)
+    assert first.extra["shards_scored_while_building"] == 0  # its actor's threads are both of the session's CPUs
     assert len(started) == 1, "the rerun asked Ray for an actor"
     assert rerun.extra["shards_resumed"] == rerun.extra["shards"] == first.extra["shards"]
     assert rerun.tasks["winogrande"].sums == first.tasks["winogrande"].sums
     assert "placement: 1 actor x 2 CPU (2 torch threads each), sized to the nodes up now; the work needs 1 (" \
         in first_log
     assert "placement: no actor: nothing left to score (every shard is in the checkpoint)" in caplog.text
+
+
+@pytest.mark.parametrize(("cpus", "threads", "gpus", "beside"), [(2, 2, 0, False), (2, 1, 0, True), (8, 8, 0, False),
+                                                                 (8, 4, 0, True), (4, 1, 1, True)])
+def test_the_first_actor_scores_while_tasks_build_only_on_cores_the_build_does_not_need(cpus, threads, gpus, beside):
+    """The local Ray of a small machine gives its one actor every core: scoring there while the driver tokenises
+    would stall the actor's threads, so the build finishes first; a GPU actor, or a CPU to spare, scores beside it."""
+    recipe = ActorRecipe(ModelSpec(str(DEMO_MODEL)), None, threads, gpus, threads)
+    first = _FirstActor(Capacity(({"CPU": float(cpus), "GPU": float(gpus)},), (), ""), recipe, None)
+    assert first.scores_beside_the_build() is beside
