@@ -387,7 +387,8 @@ class _FirstActor(NamedTuple):
         """Whether it may score while the driver builds the rest of the tasks without taking the cores the build
         runs on: it computes on a GPU, or the cluster has a CPU beyond its threads. Where its threads are every
         core (the local Ray of a small machine), the tokenising would preempt them, each preemption stalling its
-        other OpenMP threads at their next barrier: 57 MMLU tasks ran slower so on 2 cores than built first."""
+        other OpenMP threads at their next barrier: on 2 cores, a run of 57 MMLU tasks took 119 s so, against
+        99 s with the build first (bench/RESULTS.md)."""
         return self.recipe.num_gpus > 0 or self.capacity.live_total("CPU") >= self.recipe.threads + 1
 
 

@@ -119,3 +119,10 @@ def test_contamination_maths_runs_without_ray_installed():
              "print('ok')")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_no_benchmark_script_shadows_a_standard_library_module():
+    """A benchmark runs with bench/ first on sys.path: a script named after a standard module (profile.py) is what
+    `import profile` then finds, and cProfile, which torch and transformers import, fails with it."""
+    scripts = {path.stem for path in (Path(__file__).resolve().parents[1] / "bench").glob("*.py")}
+    assert not scripts & set(sys.stdlib_module_names)

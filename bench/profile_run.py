@@ -5,8 +5,8 @@ driver (main and tokenising threads) and the scoring actor.
 The driver's main thread is the command's critical path: its stages add up to the command's wall time. The
 tokenising thread and the actor run beside it, and their "idle" rows are time they waited.
 
-    PYTHONPATH=$PWD python bench/profile.py -- --model M --tasks hellaswag --limit 200 --data-dir D
-    PYTHONPATH=$PWD python bench/profile.py --keep /tmp/mmlu.json -- --model M --tasks mmlu_local \\
+    PYTHONPATH=$PWD python bench/profile_run.py -- --model M --tasks hellaswag --limit 200 --data-dir D
+    PYTHONPATH=$PWD python bench/profile_run.py --keep /tmp/mmlu.json -- --model M --tasks mmlu_local \\
         --num-fewshot 5 --limit 20 --include-path DIR
 
 Everything after `--` is passed to `raylm eval` after `--no-progress --dtype float32 --device cpu --actors 1` and a
