@@ -251,7 +251,7 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
                          len(shards))
             todo = [s for s in shards if s.index not in scored]
             if actors is None:
-                launched, first = _launch(cfg, _work(cfg, encoder, todo, parameters), first), None
+                launched, first = _launch(cfg, _work(cfg, todo, parameters), first), None
             report = ScheduleReport([], 0, 0, [])
             if todo:
                 pool = launched.wait_ready(cfg.placement_timeout_s) if launched is not None else actors
@@ -361,19 +361,18 @@ def log_native_samples(cfg: EvalConfig, docs: TaskDocs, prompt: PromptFormat, re
 
 
 def _parameter_count(spec: ModelSpec) -> int:
+    """The model's parameters as the scorer the driver's encoder was chosen by (causal or masked) loads it."""
     return parameter_count(spec, resolve_scorer(spec, load_config(spec)))
 
 
-def _work(cfg: EvalConfig, encoder: Encoder | MaskedEncoder, todo: list[Shard], parameters: Future[int] | None
-          ) -> Work:
+def _work(cfg: EvalConfig, todo: list[Shard], parameters: Future[int] | None) -> Work:
     """What is left to score, for placement to size the actors by: nothing at all when every shard is in the
     checkpoint (the model's config is then not even read, unless `parameters` already counted it)."""
     counted = parameters.result() if parameters is not None else None
     if not todo:
         return Work(0, 0, 0)
-    if counted is None:
-        counted = parameter_count(cfg.model, "mlm" if isinstance(encoder, MaskedEncoder) else "causal")
-    return Work(len(todo), sum(forward_tokens(s.table) for s in todo), counted)
+    return Work(len(todo), sum(forward_tokens(s.table) for s in todo),
+                counted if counted is not None else _parameter_count(cfg.model))
 
 
 class _FirstActor(NamedTuple):
