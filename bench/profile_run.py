@@ -33,8 +33,6 @@ RATE = 50  # samples per second
 # the innermost frame outwards.
 DRIVER = (
     ("wait_ready", "wait for actors to load their model"),
-    ("_parameter_count", "count the model's parameters"),
-    ("import_actor_code", "import torch, transformers (driver)"),
     ("connect", "start Ray"),
     ("_first_actor", "ask for the first actor"),
     ("score_shards", "score (waiting on the actors)"),
@@ -55,8 +53,9 @@ DRIVER = (
     ("main", "CLI before evaluate"),
 )
 TOKENISE = (
+    ("import_actor_code", "import torch, transformers"),
     ("driver_encoder", "load the tokenizer"),
-    ("_parameter_count", "count the model's parameters"),
+    ("parameter_count", "count the model's parameters"),
     ("encode_task_requests", "build native tasks' requests"),
     ("_RayStarted.wait", "wait for Ray (lm-eval's seeding)"),
     ("request_tables", "tokenise lm-eval's requests"),

@@ -36,7 +36,7 @@ from raylm.cluster.scored import ScoredShard
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
 from raylm.models.identity import pin_revision, scored_commit
-from raylm.models.loading import load_config, parameter_count, resolve_scorer
+from raylm.models.loading import parameter_count
 from raylm.models.spec import ModelSpec, check_model_path
 from raylm.requests.driver import driver_encoder, driver_sampling, prompt_format, scored_spec
 from raylm.requests.encoding import Encoder
@@ -212,11 +212,12 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="raylm-tokenise") as tokenising:
         # Importing the actor's code, then tokenising (and building lm-eval's requests), on a thread while Ray
         # starts and the first actor loads its model: on a small machine these fixed costs are much of a short
-        # run's wall time, and they do not depend on each other. Starting Ray imports neither torch nor
-        # transformers; whatever imports them next (the tokenising, the first actor's start) waits for the import
-        # to finish (raylm.cluster.runtime.import_actor_code). The other actors are asked for once the checkpoint
-        # says what is left, so that the work sizes them (raylm.cluster.placement.Work) and a run with nothing left
-        # starts none.
+        # run's wall time, and they do not depend on each other. Neither starting Ray nor asking it for an actor
+        # imports torch or transformers (raylm.cluster.scoring_actor), so the first actor's process starts as soon
+        # as Ray is up; whatever imports them next on the driver (the tokenising, the parameter count) waits for
+        # the import to finish (raylm.cluster.runtime.import_actor_code). The other actors are asked for once the
+        # checkpoint says what is left, so that the work sizes them (raylm.cluster.placement.Work) and a run with
+        # nothing left starts none.
         importing = tokenising.submit(import_actor_code)
         ready: queue.Queue = queue.Queue()
         encoded = tokenising.submit(_tokenise_streaming, cfg, docs, selection, ray_started, ready, importing)
@@ -224,15 +225,15 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
         try:
             if not started:
                 connect(min_cpus=local_cpus_needed(cfg.actors))
-                importing.result()
                 first = _first_actor(cfg)
                 started = True
         finally:
             ray_started.open(failed=not started)
         if first is not None:
             # There is work: the model's size, which sizes it, is counted meanwhile rather than after tokenising
-            # (building the model on the meta device imports its modeling code: seconds of a short run).
-            parameters = tokenising.submit(_parameter_count, cfg.model)
+            # (where it is counted from the config, building the model on the meta device imports its modeling
+            # code: seconds of a short run).
+            parameters = tokenising.submit(_parameter_count_after, importing, cfg.model)
         launched = None
         try:
             early = _score_while_building(cfg, first, ready) if first and first.scores_beside_the_build() else _Early()
@@ -360,9 +361,11 @@ def log_native_samples(cfg: EvalConfig, docs: TaskDocs, prompt: PromptFormat, re
         results[name].samples = samples
 
 
-def _parameter_count(spec: ModelSpec) -> int:
-    """The model's parameters as the scorer the driver's encoder was chosen by (causal or masked) loads it."""
-    return parameter_count(spec, resolve_scorer(spec, load_config(spec)))
+def _parameter_count_after(importing: Future[None], spec: ModelSpec) -> int:
+    """parameter_count once the driver's import of transformers is done: counting from the config imports its
+    modeling code, which must not run beside that import (raylm.cluster.runtime.import_actor_code)."""
+    importing.result()
+    return parameter_count(spec)
 
 
 def _work(cfg: EvalConfig, todo: list[Shard], parameters: Future[int] | None) -> Work:
@@ -372,7 +375,7 @@ def _work(cfg: EvalConfig, todo: list[Shard], parameters: Future[int] | None) ->
     if not todo:
         return Work(0, 0, 0)
     return Work(len(todo), sum(forward_tokens(s.table) for s in todo),
-                counted if counted is not None else _parameter_count(cfg.model))
+                counted if counted is not None else parameter_count(cfg.model))
 
 
 class _FirstActor(NamedTuple):

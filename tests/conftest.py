@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import subprocess
@@ -194,6 +195,17 @@ def truncated_weights_model(tiny_llama, tmp_path_factory) -> Path:
     shutil.copytree(tiny_llama, path)
     weights = path / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:4096])
+    return path
+
+
+@pytest.fixture(scope="session")
+def mismatched_weights_model(tiny_llama, tmp_path_factory) -> Path:
+    """tiny_llama whose config was edited after its weights were saved (a narrower MLP): the weights' headers read
+    on the driver, and the load fails inside the scoring actor."""
+    path = tmp_path_factory.mktemp("mismatched") / "model"
+    shutil.copytree(tiny_llama, path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] // 2}))
     return path
 
 

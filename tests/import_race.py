@@ -1,8 +1,9 @@
 """Run by tests/test_import_race.py, in a process of its own since it drops transformers from sys.modules: what
-`raylm eval`'s driver does on two threads at once, over a freshly imported transformers each try. One thread loads
-the tokenizer and config (the tokenising thread) while the driver imports the actor code to start actors. In
-raylm's order (`pre-import`) the driver imports the actor code (raylm.cluster.runtime.import_actor_code) before it
-starts the thread; in the other (`none`) both start at once. Prints, per order, the failed tries and the first
+`raylm eval`'s driver would do on two threads at once, over a freshly imported transformers each try. One thread
+loads the tokenizer and config (the tokenising thread) while another imports the scoring code (as the parameter
+count's import of transformers' modeling code would). In raylm's order (`pre-import`) the driver imports the
+actor code (raylm.cluster.runtime.import_actor_code) before either starts; in the other (`none`) both start at
+once. Prints, per order, the failed tries and the first
 failure.
 
 Usage: python import_race.py MODEL_DIR PRE_IMPORT_TRIES NONE_TRIES (the `none` order stops at its first failure:

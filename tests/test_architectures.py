@@ -26,7 +26,7 @@ from reference import float64_copy, reference_score
 from reference_corpus import reference_kl, reference_strided_nll
 from transformers import AutoTokenizer
 
-from raylm.cluster.actors import ScoringActor
+from raylm.cluster.scoring_actor import ScoringActor
 from raylm.corpus import doc_scoring
 from raylm.corpus.doc_scoring import DocPerplexity
 from raylm.scoring.documents import PREFIX_SHARING_COLUMN
@@ -427,7 +427,7 @@ def test_eval_actor_packs_remote_code_that_passes(zoo, real, real_table, monkeyp
     monkeypatch.setattr(actors, "load_model", lambda spec, **_: model)
     actor = ScoringActor(zoo.spec("mistral"), 1, None)
     scored = actor.score("multiple_choice", real_table)
-    assert scored.prefix_sharing.startswith("packed (start-up check") and actor.scorer.packed_rows > 0
+    assert scored.prefix_sharing.startswith("packed (start-up check") and actor.resident.scorer.packed_rows > 0
     ref = zoo.reference("mistral")
     assert within(np.abs(np.array(scored.table["loglikelihood"].to_pylist()) - ref),
                   np.array([len(k) for k in real[1]]), ref)

@@ -15,7 +15,7 @@ from conftest import DATA
 from task_requests import build_task_requests
 from transformers import AutoConfig
 
-from raylm.cluster.actors import ScoringActor
+from raylm.cluster.scoring_actor import ScoringActor
 from raylm.cluster.runtime import ActorRecipe, LaunchedActors, start_actors
 from raylm.cluster.scheduler import run_shards
 from raylm.config import EvalConfig

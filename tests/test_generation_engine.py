@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import tiny_families as fam
-from raylm.cluster.actors import ScoringActor
+from raylm.cluster.scoring_actor import ScoringActor
 from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
 from raylm.requests.order import common_prefix_length
@@ -473,4 +473,4 @@ def test_an_actors_scoring_and_generation_share_one_token_budget(tiny_llama):
     """Out of memory in either halves the budget both run under."""
     actor = ScoringActor(ModelSpec(str(tiny_llama), "float32", "cpu"), 1, None)
     actor.ready()
-    assert actor._generator().budget is actor.scorer.budget
+    assert actor.resident.generation_engine().budget is actor.resident.scorer.budget

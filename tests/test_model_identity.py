@@ -19,6 +19,7 @@ from conftest import DATA, run_cli
 from raylm.errors import RaylmError
 from raylm.cache import CACHE_DIR_ENV, NO_CACHE_ENV
 from raylm.models import identity
+from raylm.models.checkpoint_size import stored_parameters
 from raylm.models.identity import file_digest, model_digest, pin_revision
 from raylm.models.spec import ModelSpec
 
@@ -64,6 +65,21 @@ def test_offline_a_hub_id_is_pinned_to_the_cached_commit_and_a_moved_main_change
     finally:
         (offline / "refs" / "main").write_text(SHA_1)
     assert moved.revision == SHA_2 and model_digest(moved) != model_digest(pinned)
+
+
+def test_a_hub_models_parameters_are_counted_from_the_cached_commits_headers(offline, tiny_llama):
+    """A pinned hub id is counted from the safetensors file the cache holds at its commit; one whose weights the
+    cache does not hold (the driver downloads only the config and tokenizer) is left to the config's count."""
+    from safetensors.numpy import load_file
+
+    count = sum(v.size for v in load_file(tiny_llama / "model.safetensors").values())
+    assert stored_parameters(pin_revision(ModelSpec(REPO))) == count
+    weights = offline / "snapshots" / SHA_1 / "model.safetensors"
+    weights.rename(weights.with_suffix(".away"))
+    try:
+        assert stored_parameters(pin_revision(ModelSpec(REPO))) is None
+    finally:
+        weights.with_suffix(".away").rename(weights)
 
 
 def test_offline_a_model_missing_from_the_cache_is_one_line(offline):

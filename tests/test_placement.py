@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import yaml
 from ray.core.generated import autoscaler_pb2
 
 import raylm.cluster.runtime as runtime
-from raylm.cluster.actors import ScoringActor
+from raylm.cluster.scoring_actor import ScoringActor
 from raylm.cluster.capacity import (HEAD_RESOURCE, UNBOUNDED, Capacity, NodeType, actors_that_fit, capacity_of,
                                     parse_node_types)
 from raylm.cluster.devices import FAKE_GPUS_ENV, device_here, fake_gpus
@@ -25,6 +26,7 @@ from raylm.config import EvalConfig
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.errors import RaylmError
 from raylm.evaluate import _FirstActor, evaluate
+from raylm.models.checkpoint_size import stored_parameters
 from raylm.models.loading import parameter_count
 from raylm.models.spec import ModelSpec
 
@@ -299,11 +301,32 @@ def test_no_work_left_means_no_actor_whatever_is_asked():
         plan(Ask(actors=0, work=nothing), Capacity((HEAD0,), None, ""))
 
 
-def test_the_parameter_count_comes_from_the_config_alone(tiny_llama):
+def test_the_parameter_count_is_the_models_from_its_headers_or_else_its_config(tiny_llama, truncated_weights_model,
+                                                                                 tmp_path):
+    """One safetensors file, a sharded checkpoint and a directory with no safetensors weights (counted from the
+    config on the meta device) all give the loaded model's count; packed integer weights are not counted from the
+    header; a header cut short stops the run in one line naming the file."""
+    import numpy as np
+    from safetensors.numpy import save_file
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama)
-    assert parameter_count(ModelSpec(str(tiny_llama)), "causal") == sum(p.numel() for p in model.parameters())
+    count = sum(p.numel() for p in model.parameters())
+    sharded, no_weights, packed = tmp_path / "sharded", tmp_path / "no-weights", tmp_path / "packed"
+    model.save_pretrained(sharded, max_shard_size="40KB")
+    assert len(list(sharded.glob("model-*.safetensors"))) > 1
+    for folder in (no_weights, packed):
+        folder.mkdir()
+        shutil.copy(tiny_llama / "config.json", folder)
+    save_file({"embed": np.zeros((4, 8), np.float32), "qweight": np.zeros((4, 2), np.int32)},
+              str(packed / "model.safetensors"))
+    for folder in (tiny_llama, sharded):
+        assert stored_parameters(ModelSpec(str(folder))) == parameter_count(ModelSpec(str(folder))) == count
+    for folder in (no_weights, packed):
+        assert stored_parameters(ModelSpec(str(folder))) is None
+        assert parameter_count(ModelSpec(str(folder))) == count
+    with pytest.raises(RaylmError, match=r"^model weights '.+/model\.safetensors' cannot be read: SafetensorError: "):
+        parameter_count(ModelSpec(str(truncated_weights_model)))
 
 
 def test_a_rerun_with_nothing_left_to_score_starts_no_actor(ray_session, tmp_path, monkeypatch, caplog):

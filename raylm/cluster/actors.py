@@ -1,4 +1,5 @@
-"""Scoring actors: each keeps one model resident and scores whatever shards it is handed.
+"""What a scoring actor runs (raylm.cluster.scoring_actor is the Ray actor around it): one model kept resident,
+scoring whatever shards it is handed.
 
 `score_shard` is the whole per-shard job as a plain function, so it runs the same in-process (tests,
 benchmarks) and inside an actor. An actor scores a causal LM with raylm.scoring.scorer and a masked LM with the
@@ -18,11 +19,9 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import ray
 import torch
 
 from raylm.cluster.devices import assigned_gpus, device_here
-from raylm.cluster.failures import DeferredStartup
 from raylm.cluster.scored import ScoredShard
 from raylm.errors import RaylmError
 from raylm.models.context import context_length
@@ -104,10 +103,12 @@ def loaded_as(model: torch.nn.Module) -> tuple[str, str]:
     return parameter.device.type, str(dtype).removeprefix("torch.")
 
 
-class ScoringActor(DeferredStartup):
-    """Constructed as ScoringActor(spec, threads, batch_size); a model that fails to load is reported by ready()."""
+class ResidentScorer:
+    """One model loaded and kept, with whatever scores on it: its scorer, and the generation engine and corpus
+    scorers built on first use. Plain torch, callable without Ray; the Ray actor around it is
+    raylm.cluster.scoring_actor.ScoringActor."""
 
-    def start(self, spec: ModelSpec, threads: int, batch_size: int | None) -> None:
+    def __init__(self, spec: ModelSpec, threads: int, batch_size: int | None):
         torch.set_num_threads(threads)
         spec = device_here(spec)
         self.spec, self.batch_size = spec, batch_size
@@ -121,14 +122,7 @@ class ScoringActor(DeferredStartup):
             self.scorer = Scorer(load_model(spec, gpus=assigned_gpus(spec)), context_length(spec, config, "causal"),
                                  batch_size)
 
-    def ready(self) -> int:
-        """The actor's PID: proof of life once the model is loaded, and what fault-injection tests kill."""
-        self.check_started()
-        return os.getpid()
-
     def loaded_as(self) -> tuple[str, str]:
-        """Where and at what precision this actor scores: what the checkpoint's resumed shards must match."""
-        self.check_started()
         return loaded_as(self.scorer.model)
 
     def set_batch_size(self, batch_size: int | None) -> None:
@@ -137,9 +131,8 @@ class ScoringActor(DeferredStartup):
         self.generator = None  # rebuilt at the new size on the next generation shard
 
     def score(self, kind: str, shard: pa.Table) -> ScoredShard:
-        self.check_started()
         if is_generation(shard):
-            return generate_shard(self._generator(), shard, self.scorer.model)
+            return generate_shard(self.generation_engine(), shard, self.scorer.model)
         if isinstance(self.scorer, Scorer) and self.scorer.plan.needs_check:
             head = shard.slice(0, REAL_REQUESTS)
             real = (head["context"].to_pylist(), head["continuation"].to_pylist())
@@ -149,13 +142,12 @@ class ScoringActor(DeferredStartup):
     def score_documents(self, batch: pa.Table, max_length: int, stride: int) -> pa.Table:
         """A batch of corpus documents -> a row per document (raylm.scoring.documents) on the resident model: a
         sweep's corpora are scored by the actor that holds the model for its tasks, not by a model loaded again."""
-        self.check_started()
         if (max_length, stride) not in self.documents:
             self.documents[max_length, stride] = document_scorer(load_tokenizer(self.spec), self.scorer, max_length,
                                                                  stride)
         return self.documents[max_length, stride](batch)
 
-    def _generator(self) -> Generator:
+    def generation_engine(self) -> Generator:
         """The model's generation engine, with the tokenizer it decodes with (loaded as the driver loads it)."""
         if isinstance(self.scorer, MaskedScorer):
             raise RaylmError("a generation shard reached a masked-LM actor; a masked LM cannot generate")
@@ -167,6 +159,3 @@ class ScoringActor(DeferredStartup):
             self.generator = Generator(self.scorer.model, load_tokenizer(self.spec), self.batch_size,
                                        budget=self.scorer.budget)
         return self.generator
-
-
-RemoteScoringActor = ray.remote(ScoringActor)

@@ -100,12 +100,13 @@ def cpu_share(actors: int) -> int:
 
 def import_actor_code() -> None:
     """Imports what an actor runs (torch, transformers, the scorers) on the driver before anything else there imports
-    transformers (the tokenising, the start of actors, which imports this code too), so that no import of it runs
-    beside another. transformers' first import ends by replacing its module in sys.modules with a lazy one, and
-    CPython hands an `import` statement that another thread runs meanwhile, once the import is done, the module
-    object it found before waiting: the replaced one, which holds none of transformers' names. `raylm eval` failed
-    so at random, "cannot import name 'DynamicCache' from 'transformers'" (tests/test_import_race.py). Not done when
-    this module is imported: torch takes seconds, and bad input should fail before that."""
+    transformers (the tokenising, the parameter count), so that no import of it runs beside another.
+    transformers' first import ends by replacing its module in sys.modules with a lazy one, and CPython hands an
+    `import` statement that another thread runs meanwhile, once the import is done, the module object it found
+    before waiting: the replaced one, which holds none of transformers' names. `raylm eval` failed so at random,
+    "cannot import name 'DynamicCache' from 'transformers'" (tests/test_import_race.py). Not done when this module
+    is imported: torch takes seconds, and bad input should fail before that. Starting actors imports neither
+    (raylm.cluster.scoring_actor), so it need not wait for this."""
     import raylm.cluster.actors  # noqa: F401
 
 
@@ -127,7 +128,7 @@ class ActorRecipe:
 
     def start(self) -> ActorHandle:
         """Ask Ray for a new actor; it is ready (model loaded) when its `ready()` returns."""
-        from raylm.cluster.actors import RemoteScoringActor
+        from raylm.cluster.scoring_actor import RemoteScoringActor
 
         return RemoteScoringActor.options(**self.options()).remote(self.spec, self.threads, self.batch_size)
 

@@ -1,4 +1,4 @@
-"""What a scoring actor sends back for one shard. Kept apart from raylm.cluster.actors (torch, Ray) so the driver's
+"""What a scoring actor sends back for one shard. Kept apart from raylm.cluster.actors (torch) so the driver's
 checkpoint and scheduler can name it without importing either."""
 
 from __future__ import annotations

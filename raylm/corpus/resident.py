@@ -2,7 +2,7 @@
 the sweep's corpora too, instead of a Ray Data actor pool loading it once more per corpus.
 
 The driver reads the corpus (Ray Data, in input order), answers a batch the checkpoint holds from it, hands every
-other batch to the actor with the fewest in flight (raylm.cluster.actors.ScoringActor.score_documents), and
+other batch to the actor with the fewest in flight (raylm.cluster.actors.ResidentScorer.score_documents), and
 yields the rows in the corpus's order, tagged as Ray Data's Resuming tags them, so the same fold, checkpoint and
 results serve both paths. An actor that dies or raises stops the point with one line; its checkpoint keeps the
 batches already saved for the sweep's rerun.

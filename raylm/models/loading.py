@@ -12,6 +12,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from raylm.errors import RaylmError, first_line
+from raylm.models.checkpoint_size import stored_parameters
 from raylm.models.devices import Budget, count_parameters, placement_kwargs
 from raylm.models.spec import (
     PLL_VARIANTS,
@@ -159,10 +160,15 @@ def model_class(kind: str) -> str:
     return "AutoModelForMaskedLM" if kind == "mlm" else "AutoModelForCausalLM"
 
 
-def parameter_count(spec: ModelSpec, kind: str) -> int:
-    """The model's parameters, from its config (no weight read): what sizes the work of a run
-    (raylm.cluster.placement.Work)."""
-    return count_parameters(load_config(spec), model_class(kind), spec.trust_remote_code)
+def parameter_count(spec: ModelSpec) -> int:
+    """The model's parameters, with no weight read: what sizes the work of a run (raylm.cluster.placement.Work).
+    From the checkpoint's safetensors headers where its files are here (raylm.models.checkpoint_size), else from
+    its config on the meta device, as the scorer the config resolves to (causal or masked) loads it."""
+    stored = stored_parameters(spec)
+    if stored is not None:
+        return stored
+    config = load_config(spec)
+    return count_parameters(config, model_class(resolve_scorer(spec, config)), spec.trust_remote_code)
 
 
 def load_model(spec: ModelSpec, kind: str = "causal", gpus: int = 1,
