@@ -109,6 +109,7 @@ def make_adapter(out: Path) -> Path:
 
     torch.manual_seed(7)
     base = AutoModelForCausalLM.from_pretrained(STORIES, dtype=torch.float32)
+    base.name_or_path = STORIES.name  # what adapter_config.json names the base by: not a path on this machine
     config = LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     get_peft_model(base, config).save_pretrained(out)
     return out
