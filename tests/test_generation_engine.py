@@ -103,7 +103,8 @@ def test_a_prefix_every_request_shares_is_attended_once_and_equals_the_reference
     (raylm.scoring.shared_prefix_attention): no decode step's cache holds it, and the text equals the reference's on
     each of them (RoPE in full and in part, absolute and learned positions, GQA, QK-norm, parallel blocks). The rest
     (sliding windows, soft-capping, ALiBi, attention not routed through transformers' interface) keep the slots'
-    copies, as the test above proves; the model's attention is back to its own after every call."""
+    copies, as the test above proves; the model's attention is back to its own after every call. The prefix's
+    passes compute no logits."""
     tokenizer = stories[1]
     rng = random.Random(7)
     shared = [rng.randrange(3, fam.VOCAB) for _ in range(40)]
@@ -119,11 +120,18 @@ def test_a_prefix_every_request_shares_is_attended_once_and_equals_the_reference
         taking.add(family)
         expected = reference(model64, tokenizer, requests)
         for batch_size in (None, 2):
-            got = []
-            steps = decode_shapes(model64, lambda: got.extend(Generator(model64, tokenizer, batch_size).generate(
-                requests)))
+            got, head_rows = [], []
+            hook = model64.get_output_embeddings().register_forward_hook(
+                lambda _m, _a, out: head_rows.append(out.shape[:-1].numel()))
+            try:
+                steps = decode_shapes(model64, lambda: got.extend(Generator(model64, tokenizer, batch_size).generate(
+                    requests)))
+            finally:
+                hook.remove()
             assert [(g.text, g.tokens) for g in got] == expected, (family, batch_size)
             assert steps and max(width for _, width in steps) < len(shared), family
+            # The prefix's own passes run the LM head on none of its positions: no pass on more than its rows.
+            assert max(head_rows) <= len(requests), (family, head_rows)
         assert model64.config._attn_implementation == own, family
     assert taking == SHARES_PREFIX
 

@@ -28,7 +28,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from raylm.requests.order import common_prefix_length
-from raylm.scoring.scorer import _crop, forward
+from raylm.scoring.scorer import _crop, forward, gather_head_inputs
 
 
 # The slots' cache is at most this much wider than its longest live sequence, over 1 (see Slots.trim).
@@ -56,9 +56,14 @@ class PrefixPath:
         extra = list(prefix[keep:])
         if extra and self.cache is None:
             self.cache = DynamicCache()
+        # No position of the path predicts anything (each request prefills at least its own last token), so its
+        # passes feed the LM head none of them: over the whole pass they would be logits of gigabytes for a long
+        # few-shot head and a large vocabulary, computed to be dropped.
+        head, nothing = model.get_output_embeddings(), torch.empty(0, dtype=torch.long, device=device)
         for start in range(0, len(extra), max(1, piece)):
             chunk = extra[start:start + max(1, piece)]
-            forward(model, torch.tensor([chunk], device=device), self.cache)
+            with gather_head_inputs(head, nothing, 1, len(chunk)):
+                forward(model, torch.tensor([chunk], device=device), self.cache)
             self.tokens.extend(chunk)
         return len(extra)
 
