@@ -327,6 +327,9 @@ def test_the_parameter_count_is_the_models_from_its_headers_or_else_its_config(t
         assert parameter_count(ModelSpec(str(folder))) == count
     with pytest.raises(RaylmError, match=r"^model weights '.+/model\.safetensors' cannot be read: SafetensorError: "):
         parameter_count(ModelSpec(str(truncated_weights_model)))
+    (sharded / "model.safetensors.index.json").write_text('{"metadata": {}}')
+    with pytest.raises(RaylmError, match=r"^model weights index '.+' cannot be read: KeyError: 'weight_map'"):
+        parameter_count(ModelSpec(str(sharded)))
 
 
 def test_a_rerun_with_nothing_left_to_score_starts_no_actor(ray_session, tmp_path, monkeypatch, caplog):

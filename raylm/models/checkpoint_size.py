@@ -68,6 +68,11 @@ def _finder(spec: ModelSpec) -> Callable[[str], Path | None]:
 
 def _weight_files(find: Callable[[str], Path | None]) -> list[Path] | None:
     index = find(WEIGHTS_INDEX)
-    names = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index is not None else [WEIGHTS]
+    names = [WEIGHTS]
+    if index is not None:
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError) as e:
+            raise RaylmError(f"model weights index '{index}' cannot be read: {first_line(e)}") from e
     files = [find(name) for name in names]
     return None if any(f is None for f in files) else files
