@@ -53,7 +53,7 @@ DRIVER = (
     ("main", "CLI before evaluate"),
 )
 TOKENISE = (
-    ("import_actor_code", "import torch, transformers"),
+    ("import_transformers", "import torch, transformers"),
     ("driver_encoder", "load the tokenizer"),
     ("parameter_count", "count the model's parameters"),
     ("encode_task_requests", "build native tasks' requests"),

@@ -26,7 +26,7 @@ from raylm.cluster.runtime import (
     cluster_capacity,
     connect,
     gcs_address,
-    import_actor_code,
+    import_transformers,
     loaded_as,
     local_cpus_needed,
     plan_actors,
@@ -111,7 +111,7 @@ def _tokenise(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_
 def _tokenise_streaming(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_started: _RayStarted,
                         ready: queue.Queue, importing: Future[None]
                         ) -> tuple[Encoder | MaskedEncoder, Tables, Built | None, PromptFormat]:
-    """_tokenise once `importing` (the actor's code) is done, each table put on `ready` as it is built and None
+    """_tokenise once `importing` (torch and transformers) is done, each table put on `ready` as it is built and None
     after the last (or on failure)."""
     try:
         importing.result()
@@ -210,15 +210,15 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
         scan.require_tasks([*docs, *(selection.leaves if selection is not None else [])])
     ray_started = _RayStarted(actors is not None)
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="raylm-tokenise") as tokenising:
-        # Importing the actor's code, then tokenising (and building lm-eval's requests), on a thread while Ray
+        # Importing torch and transformers, then tokenising (and building lm-eval's requests), on a thread while Ray
         # starts and the first actor loads its model: on a small machine these fixed costs are much of a short
         # run's wall time, and they do not depend on each other. Neither starting Ray nor asking it for an actor
         # imports torch or transformers (raylm.cluster.scoring_actor), so the first actor's process starts as soon
         # as Ray is up; whatever imports them next on the driver (the tokenising, the parameter count) waits for
-        # the import to finish (raylm.cluster.runtime.import_actor_code). The other actors are asked for once the
+        # the import to finish (raylm.cluster.runtime.import_transformers). The other actors are asked for once the
         # checkpoint says what is left, so that the work sizes them (raylm.cluster.placement.Work) and a run with
         # nothing left starts none.
-        importing = tokenising.submit(import_actor_code)
+        importing = tokenising.submit(import_transformers)
         ready: queue.Queue = queue.Queue()
         encoded = tokenising.submit(_tokenise_streaming, cfg, docs, selection, ray_started, ready, importing)
         started, first, parameters = actors is not None, None, None
@@ -363,7 +363,7 @@ def log_native_samples(cfg: EvalConfig, docs: TaskDocs, prompt: PromptFormat, re
 
 def _parameter_count_after(importing: Future[None], spec: ModelSpec) -> int:
     """parameter_count once the driver's import of transformers is done: counting from the config imports its
-    modeling code, which must not run beside that import (raylm.cluster.runtime.import_actor_code)."""
+    modeling code, which must not run beside that import (raylm.cluster.runtime.import_transformers)."""
     importing.result()
     return parameter_count(spec)
 

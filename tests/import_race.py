@@ -1,10 +1,9 @@
 """Run by tests/test_import_race.py, in a process of its own since it drops transformers from sys.modules: what
 `raylm eval`'s driver would do on two threads at once, over a freshly imported transformers each try. One thread
 loads the tokenizer and config (the tokenising thread) while another imports the scoring code (as the parameter
-count's import of transformers' modeling code would). In raylm's order (`pre-import`) the driver imports the
-actor code (raylm.cluster.runtime.import_actor_code) before either starts; in the other (`none`) both start at
-once. Prints, per order, the failed tries and the first
-failure.
+count's import of transformers' modeling code would). In raylm's order (`pre-import`) the driver imports torch
+and transformers (raylm.cluster.runtime.import_transformers) before either starts; in the other (`none`) both
+start at once. Prints, per order, the failed tries and the first failure.
 
 Usage: python import_race.py MODEL_DIR PRE_IMPORT_TRIES NONE_TRIES (the `none` order stops at its first failure:
 how often the race is won depends on the machine's load, and one failure is the proof)
@@ -19,7 +18,7 @@ from importlib import import_module
 
 import torch  # noqa: F401  (torch cannot be imported twice in one process, so it stays)
 
-from raylm.cluster.runtime import import_actor_code
+from raylm.cluster.runtime import import_transformers
 from raylm.models.loading import load_config, load_tokenizer
 from raylm.models.spec import ModelSpec
 
@@ -36,7 +35,7 @@ def forget_transformers() -> None:
 def one_try(spec: ModelSpec, pre_import: bool) -> list[str]:
     forget_transformers()
     if pre_import:
-        import_actor_code()
+        import_transformers()
     errors: list[str] = []
     started = threading.Event()
 

@@ -98,16 +98,18 @@ def cpu_share(actors: int) -> int:
     return whole_cpu_share([r.get("CPU", 0.0) for r in node_resources()], actors) or 1
 
 
-def import_actor_code() -> None:
-    """Imports what an actor runs (torch, transformers, the scorers) on the driver before anything else there imports
-    transformers (the tokenising, the parameter count), so that no import of it runs beside another.
+def import_transformers() -> None:
+    """Imports torch and transformers on the driver before anything else there imports transformers (the
+    tokenising, the parameter count, a sweep's models' threads), so that no import of it runs beside another.
     transformers' first import ends by replacing its module in sys.modules with a lazy one, and CPython hands an
     `import` statement that another thread runs meanwhile, once the import is done, the module object it found
     before waiting: the replaced one, which holds none of transformers' names. `raylm eval` failed so at random,
-    "cannot import name 'DynamicCache' from 'transformers'" (tests/test_import_race.py). Not done when this module
-    is imported: torch takes seconds, and bad input should fail before that. Starting actors imports neither
-    (raylm.cluster.scoring_actor), so it need not wait for this."""
-    import raylm.cluster.actors  # noqa: F401
+    "cannot import name 'DynamicCache' from 'transformers'" (tests/test_import_race.py). Once it is done, the lazy
+    module's own imports of its parts are safe from any thread. Not done when this module is imported: torch takes
+    seconds, and bad input should fail before that. The scorers are not imported: the driver runs none, and
+    starting actors imports neither torch nor transformers (raylm.cluster.scoring_actor)."""
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
 
 
 @dataclass(frozen=True)

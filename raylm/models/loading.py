@@ -2,7 +2,7 @@
 dirs, and deciding from a model's config which of the two it is.
 
 torch is imported where a model is loaded, not with this module: the driver needs only ModelSpec and the checks
-before it imports the actor code (raylm.cluster.runtime.import_actor_code).
+before it imports transformers (raylm.cluster.runtime.import_transformers).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def resolve_device(device: str) -> str:
 def _from_transformers(name: str) -> Any:
     """transformers.<name>, imported under a lock: two threads importing transformers for the first time at once
     (a sweep tokenises each model on its own thread) can fail with "cannot import name 'AutoTokenizer' from
-    'transformers'" (raylm.cluster.runtime.import_actor_code says why)."""
+    'transformers'" (raylm.cluster.runtime.import_transformers says why)."""
     with _TRANSFORMERS_IMPORT:
         import transformers
 

@@ -24,7 +24,7 @@ from raylm.cluster.runtime import (
     actor_pids,
     connect,
     cpu_share,
-    import_actor_code,
+    import_transformers,
     kill,
     set_batch_size,
     start_actors,
@@ -203,7 +203,7 @@ def _run_models(sweep: Sweep, todo: dict[str, tuple[list[SweepPoint], list[Sweep
     connect()
     num_cpus = _cpus_per_actor(sweep, len(todo))
     models = {m.name: m for m in sweep.models}
-    import_actor_code()  # before the models' threads start (see there)
+    import_transformers()  # before the models' threads start (see there)
     with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="sweep") as pool:
         futures = {name: pool.submit(_run_model, sweep, models[name], points, corpora, out, runs[name], num_cpus)
                    for name, (points, corpora) in todo.items()}
