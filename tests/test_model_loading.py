@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import re
+import shutil
 from functools import partial
+from logging.handlers import BufferingHandler
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -182,3 +185,24 @@ def test_the_context_length_and_the_scorer_read_one_wrapped_config_as_lm_eval_do
     assert text_config(config) is config and config_max_length(config) == 32
     config.text_config = GPT2Config(n_positions=128, vocab_size=300)
     assert text_config(config) is config.text_config and config_max_length(config) == 128
+
+
+def test_the_load_report_of_a_model_that_loads_is_logged_as_transformers_logs_it(tiny_llama, tmp_path):
+    """load_model holds transformers' warnings while it loads, to put them on a failed load's error
+    (raylm.models.load_warnings; tests/test_cli.py shows the failure): those of a load that succeeds still reach
+    transformers' handlers, once."""
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path / "model"
+    shutil.copytree(tiny_llama, path)
+    weights = load_file(path / "model.safetensors")
+    save_file({**weights, "model.spare.weight": torch.zeros(2)}, path / "model.safetensors", metadata={"format": "pt"})
+    seen = BufferingHandler(capacity=1000)
+    logger = logging.getLogger("transformers")
+    logger.addHandler(seen)
+    try:
+        load_model(ModelSpec(str(path), "float32", "cpu"))
+    finally:
+        logger.removeHandler(seen)
+    reports = [r.getMessage() for r in seen.buffer if "LlamaForCausalLM LOAD REPORT" in r.getMessage()]
+    assert len(reports) == 1 and "model.spare.weight" in reports[0] and "UNEXPECTED" in reports[0]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from raylm.errors import RaylmError, first_line
 from raylm.models.checkpoint_size import stored_parameters
 from raylm.models.devices import Budget, count_parameters, placement_kwargs
+from raylm.models.load_warnings import held_transformers_warnings
 from raylm.models.spec import (
     PLL_VARIANTS,
     SCORERS,
@@ -198,10 +199,11 @@ def load_model(spec: ModelSpec, kind: str = "causal", gpus: int = 1,
     if implementation is not None:
         placement["attn_implementation"] = implementation
     try:
-        model, info = auto_class.from_pretrained(model_source(spec), revision=spec.revision, dtype=dtype,
-                                                 trust_remote_code=spec.trust_remote_code,
-                                                 use_safetensors=None if spec.allow_pickle else True,
-                                                 output_loading_info=True, **placement)
+        with held_transformers_warnings():
+            model, info = auto_class.from_pretrained(model_source(spec), revision=spec.revision, dtype=dtype,
+                                                     trust_remote_code=spec.trust_remote_code,
+                                                     use_safetensors=None if spec.allow_pickle else True,
+                                                     output_loading_info=True, **placement)
     except (OSError, ValueError) as e:
         raise RaylmError(f"could not load model '{spec.path}': {first_line(e)}") from e
     if kind == "mlm":
