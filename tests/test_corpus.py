@@ -372,7 +372,9 @@ def test_cli_ppl_killed_with_its_ray_resumes_from_s3_to_an_undisturbed_runs_numb
         proc = subprocess.Popen([sys.executable, "-m", "raylm", *args], env=env, stdout=log, stderr=log,
                                 start_new_session=True)
     deadline = time.monotonic() + 240
-    while not (parts.is_dir() and parts.iterdir()):
+    # A part is uploaded under a temporary '.'-name and then put in place (raylm.storage.atomic): a kill while only
+    # the upload is there leaves nothing to resume.
+    while not any(p.suffix == ".parquet" and not p.name.startswith(".") for p in parts.iterdir()):
         assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-2000:]
         assert time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.1)
