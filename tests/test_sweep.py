@@ -449,3 +449,35 @@ def test_failed_models_are_all_named_after_the_summaries_of_the_models_that_fini
     rows = (out / "summary.csv").read_text().splitlines()
     assert len(rows) == 2 and rows[1].startswith("demo,")
     assert (out / "summary.md").is_file() and (out / "metrics.png").is_file()
+
+
+@pytest.mark.timeout(300)
+def test_two_cpu_models_read_parquet_corpora_while_their_actors_hold_every_cpu(ray_session, tiny_llama, tiny_gpt2,
+                                                                                tmp_path):
+    """Two CPU models with only corpora on the 2-CPU session Ray: both actors would hold a CPU each and Parquet's
+    file listing, which asks for a CPU whatever the read asks, would wait for ever. The sweep holds a CPU for its
+    reads first, so the models take turns and every corpus point finishes."""
+    import pyarrow as pa
+
+    lines = [line for line in (DATA / "wikitext-2" / "test.txt").read_text(encoding="utf-8").splitlines()
+             if line.strip()][:6]
+    (tmp_path / "web").mkdir()
+    for i in range(3):
+        pq.write_table(pa.table({"text": lines[2 * i:2 * i + 2]}), tmp_path / "web" / f"part-{i}.parquet")
+    path = tmp_path / "sweep.yaml"
+    path.write_text(f"""\
+models:
+  - path: {tiny_llama}
+    dtype: float32
+  - path: {tiny_gpt2}
+    dtype: float32
+corpora:
+  - {{name: web, data: web/*.parquet, max_length: 32}}
+device: cpu
+""")
+    sweep = load_sweep(path)
+    runs = run_sweep(sweep, tmp_path / "out")
+    for model in sweep.models:
+        assert runs[model.name].points_run == ["corpus-web"]
+        results = json.loads((tmp_path / "out" / model.name / "corpus-web" / "results.json").read_text())
+        assert results["results"]["ppl"]["docs"] == 6

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -91,11 +92,47 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "eval" and args.verbosity:
         set_verbosity(args.verbosity)
+    from raylm.cluster.waiting import watch, wind_down
+
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return getattr(args, "run", run_eval)(args)
+        with watch() as watchdog:
+            return getattr(args, "run", run_eval)(args)
+    except KeyboardInterrupt:
+        wind_down()
+        if watchdog.reason is not None:
+            print(f"raylm: error: {watchdog.reason}; {kept(args)}", file=sys.stderr)
+            return 1
+        print(f"raylm: {signal.Signals(_signal_seen or signal.SIGINT).name} received, stopped; {kept(args)}",
+              file=sys.stderr)
+        return 128 + (_signal_seen or signal.SIGINT)
     except RaylmError as e:
         print(f"raylm: error: {error_message(e, output_dir(args))}", file=sys.stderr)
         return 2
+
+
+_signal_seen: int | None = None
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM (a job stopped, a pod evicted) stops a command as Ctrl-C does: the stages save what they have on the
+    way out, then one line."""
+    global _signal_seen
+    _signal_seen = signum
+    raise KeyboardInterrupt
+
+
+CHECKPOINTING = ("eval", "ppl", "kl", "membership", "sweep")  # the commands whose reruns resume
+
+
+def kept(args: argparse.Namespace) -> str:
+    """What a stopped command leaves for its rerun: one clause for the stop line."""
+    if args.command not in CHECKPOINTING:
+        return "nothing was written"
+    out = output_dir(args)
+    if out is None:
+        return "nothing was written"
+    return f"what was scored is kept in {location(out)}; the same command resumes from it"
 
 
 def run() -> None:

@@ -5,19 +5,31 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
+
+from typing import TYPE_CHECKING
 
 import ray
 from ray._private import state as ray_state
 from ray.actor import ActorHandle
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raylm.cluster.capacity import Capacity, actors_that_fit, capacity_of, hint_from_env
 from raylm.cluster.cpus import available_cpus
 from raylm.cluster.placement import ONE_GPU_ENV, Ask, Work, plan, uses_gpu, whole_cpu_share
 from raylm.cluster.failures import remote_error
+from raylm.cluster.waiting import check, progressed
 from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    import ray.data
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +38,7 @@ LOCAL_OBJECT_STORE_BYTES = 512 * 1024**2
 # autoscaler may add a node), then the run stops naming them; actors that fit but wait for room other jobs hold are
 # waited for as long as it takes.
 PLACEMENT_WAIT_S = 600.0
-READY_POLL_S = 5.0
+READY_POLL_S = 1.0  # also how soon a stopping sweep thread notices (raylm.cluster.waiting)
 # Ray starts worker processes at niceness +15 so that its own processes stay responsive. On the local Ray a
 # scoring actor is the job, not a bystander: at +15 every runnable process at the driver's niceness (the driver
 # tokenising, Ray's daemons) preempts its threads, and each preemption stalls the other OpenMP threads at their
@@ -49,12 +61,26 @@ def connect(min_cpus: int = 0) -> None:
     global _started_here
     if ray.is_initialized():
         return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init()
-        return
-    ray.init(address="local", num_cpus=max(available_cpus(), min_cpus), include_dashboard=False,
-             object_store_memory=LOCAL_OBJECT_STORE_BYTES, _system_config=LOCAL_SYSTEM_CONFIG)
+    with keeps_sigterm_handler():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init()
+            return
+        ray.init(address="local", num_cpus=max(available_cpus(), min_cpus), include_dashboard=False,
+                 object_store_memory=LOCAL_OBJECT_STORE_BYTES, _system_config=LOCAL_SYSTEM_CONFIG)
     _started_here = True
+
+
+@contextmanager
+def keeps_sigterm_handler() -> Iterator[None]:
+    """ray.init replaces the driver's SIGTERM handler with a bare sys.exit, which unwinds no stage's saving and
+    ended `raylm` in an abort; the handler the command set (raylm.cli: SIGTERM as Ctrl-C) is put back."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, before)
 
 
 def local_cpus_needed(actors: int | None, reserve_cpus: float = 0.0) -> int:
@@ -92,10 +118,38 @@ def wants_gpu(spec: ModelSpec, num_gpus: float | None) -> bool:
     return uses_gpu(Ask(spec.device, num_gpus), cluster_capacity())[0]
 
 
-def cpu_share(actors: int) -> int:
-    """The whole CPUs each of `actors` CPU actors can have with all placed at once on the live nodes; 1 where they
-    do not all fit, so that the rest queue for CPUs (a sweep's models run one after another)."""
-    return whole_cpu_share([r.get("CPU", 0.0) for r in node_resources()], actors) or 1
+def cpu_share(actors: int, reserve: float = 0.0) -> int:
+    """The whole CPUs each of `actors` CPU actors can have with all placed at once on the live nodes, `reserve`
+    CPUs left to other work; 1 where they do not all fit, so that the rest queue for CPUs (a sweep's models run
+    one after another)."""
+    return whole_cpu_share([r.get("CPU", 0.0) for r in node_resources()], actors, reserve) or 1
+
+
+@contextmanager
+def reserved_for_reading(cpus: float | None) -> Iterator[PlacementGroup | None]:
+    """CPUs held for Ray Data's reads while actors outside Ray Data's view (a sweep's resident actors) hold the
+    rest. Reads that asked the cluster for a CPU would wait for ever where those actors hold every one, and not
+    every read step takes a CPU request of 0 (Parquet's file listing asks for one whatever the read asks), so the
+    run holds what reading needs instead: a placement group made before any actor starts, that only the reads
+    are scheduled into (read_in). None: nothing to read, nothing held."""
+    if cpus is None:
+        yield None
+        return
+    group = placement_group([{"CPU": cpus}])
+    try:
+        # A cluster with no CPU free waits here in view of the watchdog, and a stopping run stops here.
+        while not ray.wait([group.ready()], timeout=READY_POLL_S)[0]:
+            check()
+        yield group
+    finally:
+        remove_placement_group(group)
+
+
+def read_in(ds: ray.data.Dataset, group: PlacementGroup) -> None:
+    """Every task of the dataset's execution scheduled into `group` (reserve_for_reading)."""
+    inside = PlacementGroupSchedulingStrategy(group)
+    ds.context.scheduling_strategy = inside
+    ds.context.scheduling_strategy_large_args = inside
 
 
 def import_transformers() -> None:
@@ -179,11 +233,14 @@ class LaunchedActors:
         pending = [a.ready.remote() for a in self.actors]
         unplaceable_since: float | None = None
         while pending:
+            check()
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=READY_POLL_S)
             try:
                 ray.get(done)
             except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
                 raise remote_error("a scoring actor failed to start", e) from e
+            if done:
+                progressed()
             if not pending:
                 break
             nodes = node_resources()

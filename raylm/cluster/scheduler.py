@@ -26,6 +26,7 @@ from tqdm import tqdm
 from raylm.cluster.failures import remote_error
 from raylm.cluster.runtime import ActorRecipe
 from raylm.cluster.scored import ScoredShard
+from raylm.cluster.waiting import POLL_S, check, progressed
 from raylm.errors import RaylmError, first_line
 from raylm.requests.shards import Shard
 
@@ -132,8 +133,11 @@ class _Schedule:
             raise RaylmError(f"no scoring actor left for the {len(self.queue)} remaining shard(s); "
                              f"last failure: {self.last_cause}")
         # Only a replacement that never starts (no room left on the cluster) could block for ever.
-        timeout = None if self.in_flight else REPLACEMENT_WAIT_S
-        done, _ = ray.wait([*self.in_flight, *self.starting], num_returns=1, timeout=timeout)
+        deadline = None if self.in_flight else time.monotonic() + REPLACEMENT_WAIT_S
+        done: list[ray.ObjectRef] = []
+        while not done and (deadline is None or time.monotonic() < deadline):
+            check()  # a sweep's model thread stops here when the run is stopping
+            done, _ = ray.wait([*self.in_flight, *self.starting], num_returns=1, timeout=POLL_S)
         if not done:
             raise RaylmError(f"no live scoring actor and no replacement could start within {REPLACEMENT_WAIT_S:.0f} s "
                              f"(does the cluster still have room for one?); last failure: {self.last_cause}")
@@ -158,6 +162,7 @@ class _Schedule:
 
     def _accept(self, i: int, scored: ScoredShard, bar: tqdm) -> None:
         self.results[i] = scored
+        progressed()
         bar.update(self.shards[i].table.num_rows)
         if "generated_tokens" in scored.sums:
             self.generated["docs"] += int(scored.sums["docs"])
@@ -240,5 +245,6 @@ class _Schedule:
             return
         except ray.exceptions.RayTaskError as e:
             raise remote_error("a replacement scoring actor failed to start", e) from e
+        progressed()
         self.live.append(actor)
         self.slots.extend([actor] * IN_FLIGHT_PER_ACTOR)

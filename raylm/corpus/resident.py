@@ -20,6 +20,7 @@ from ray.actor import ActorHandle
 
 from raylm.cluster.failures import remote_error
 from raylm.cluster.scheduler import IN_FLIGHT_PER_ACTOR
+from raylm.cluster.waiting import get, progressed
 from raylm.corpus.resume import batch_key, saved_batches, tagged
 
 if TYPE_CHECKING:
@@ -38,7 +39,9 @@ def on_resident_actors(ds: ray.data.Dataset, actors: list[ActorHandle], max_leng
             return tagged(rows, key, True)
         load[actor] -= 1
         try:
-            return tagged(ray.get(rows), key, False)
+            scored = get(rows)  # a stopping sweep's model thread stops here (raylm.cluster.waiting)
+            progressed()
+            return tagged(scored, key, False)
         except ray.exceptions.RayError as e:
             raise remote_error("corpus scoring failed", e) from e
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -115,6 +117,16 @@ class CorpusCheckpoint:
         self.pending.append(rows.filter(pa.compute.invert(rows[RESUMED_COLUMN])).drop_columns([RESUMED_COLUMN]))
         if time.monotonic() - self.last_save >= self.every_s:
             self.save(final=False)
+
+    @contextmanager
+    def kept_on_stop(self) -> Iterator[None]:
+        """Whatever stops the stream (Ctrl-C, SIGTERM, the watchdog, a failed batch), the whole batches that came
+        back are saved on the way out, not only those of the last interval: the rerun resumes from them."""
+        try:
+            yield
+        except BaseException:
+            self.save(final=False)
+            raise
 
     def save(self, final: bool) -> None:
         """Save the pending rows but (unless final) the last batch's, which may not be whole yet."""

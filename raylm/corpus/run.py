@@ -25,7 +25,7 @@ import ray
 from ray.actor import ActorHandle
 from tqdm import tqdm
 
-from raylm.cluster.runtime import connect, local_cpus_needed, plan_actors
+from raylm.cluster.runtime import connect, local_cpus_needed, plan_actors, read_in
 from raylm.cluster.scheduler import shard_delay
 from raylm.corpus import CHECKPOINT_EVERY_S, READ_CPUS, SCORING_DOCS_PER_BATCH
 from raylm.corpus.doc_scoring import DocKL, DocPerplexity, DocPseudoPerplexity, take_prefix_sharing
@@ -50,6 +50,7 @@ from raylm.storage.ownership import RESULTS, check_results_owner
 
 if TYPE_CHECKING:
     import ray.data
+    from ray.util.placement_group import PlacementGroup
 
 log = logging.getLogger(__name__)
 
@@ -189,17 +190,18 @@ def resolve_lengths(cfg: CorpusConfig) -> tuple[int, int, str, int | None]:
 
 
 def run_corpus(cfg: CorpusConfig, out_dir: str | os.PathLike[str] | Location,
-               actors: list[ActorHandle] | None = None) -> CorpusResult:
+               actors: list[ActorHandle] | None = None, reading: PlacementGroup | None = None) -> CorpusResult:
     """Score the corpus, write DIR/samples/<kind>.parquet and DIR/results.json, and return the metrics; DIR's lock
     is held meanwhile (raylm.storage.lock), and the scored documents are checkpointed under DIR as they come
     (raylm.corpus.resume), so that the same command after a kill resumes. `actors`: a sweep's resident scoring
     actors, which score a ppl corpus on the model they hold (raylm.corpus.resident); without them, a Ray Data
-    actor pool loads the model(s) for this run."""
+    actor pool loads the model(s) for this run. `reading`: CPUs the sweep holds for the reads beside its actors
+    (raylm.cluster.runtime.reserved_for_reading)."""
     cfg.validate()
     out_dir = location(out_dir)
     with output_lock(out_dir):
         check_results_owner(out_dir, cfg.kind)
-        return _run_corpus(cfg, out_dir, actors)
+        return _run_corpus(cfg, out_dir, actors, reading)
 
 
 @dataclass(frozen=True)
@@ -228,7 +230,8 @@ def plan_corpus(cfg: CorpusConfig) -> Plan:
     return Plan(cfg, max_length, stride, scorer, width, manifest)
 
 
-def _run_corpus(cfg: CorpusConfig, out_dir: Location, actors: list[ActorHandle] | None) -> CorpusResult:
+def _run_corpus(cfg: CorpusConfig, out_dir: Location, actors: list[ActorHandle] | None,
+                reading: PlacementGroup | None) -> CorpusResult:
     start = time.time()
     asked = cfg
     plan = plan_corpus(cfg)
@@ -242,6 +245,8 @@ def _run_corpus(cfg: CorpusConfig, out_dir: Location, actors: list[ActorHandle] 
     # A sweep's resident actors hold the CPUs they were given, outside Ray Data's view: its reads ask for none.
     ds = read_corpus(cfg.data, cfg.fmt, cfg.text_column, cfg.limit_docs, domain_column=cfg.domain_column,
                      read_cpus=None if actors is None else 0)
+    if reading is not None:
+        read_in(ds, reading)
     checkpoint = CorpusCheckpoint(out_dir, plan.manifest, cfg.overwrite, cfg.checkpoint_every_s)
     label = result_label(cfg, plan.scorer)
     samples = out_dir / "samples" / f"{label}.parquet"
@@ -318,7 +323,8 @@ def _stream(batches: Iterator[pa.Table], samples: Location, cfg: CorpusConfig, c
     docs = resumed = 0
     domain = "path" if cfg.domain_column == PATH_DOMAIN else "domain"
     delay = shard_delay()  # RAYLM_SHARD_DELAY_S: a pause after each arriving block, for kill drills
-    with PartialParquet(samples) as out, tqdm(unit="doc", disable=not cfg.progress, desc="scoring") as bar:
+    with checkpoint.kept_on_stop(), PartialParquet(samples) as out, \
+            tqdm(unit="doc", disable=not cfg.progress, desc="scoring") as bar:
         for batch in batches:
             if batch.num_rows == 0:
                 continue

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import ray
 
 from raylm.cluster.failures import data_worker_error
+from raylm.cluster.waiting import progressed
 from raylm.errors import RaylmError
 from raylm.storage.atomic import open_atomic
 from raylm.storage.location import Location
@@ -23,7 +24,9 @@ def stream_batches(ds: ray.data.Dataset, what: str) -> Iterator[pa.Table]:
     worker stops the stream with one line, `<what> failed: <error>`, its remote traceback kept
     (raylm.cluster.failures.data_worker_error); any other error is raised as it is."""
     try:
-        yield from ds.iter_batches(batch_format="pyarrow", batch_size=None)
+        for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+            progressed()
+            yield batch
     except RaylmError:
         raise
     except Exception as e:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from raylm.cluster.checkpoint import Checkpoint
 from raylm.cluster.runtime import (
@@ -26,11 +27,13 @@ from raylm.cluster.runtime import (
     cpu_share,
     import_transformers,
     kill,
+    reserved_for_reading,
     set_batch_size,
     start_actors,
     wants_gpu,
 )
 from raylm.config import EvalConfig
+from raylm.corpus import READ_CPUS
 from raylm.errors import RaylmError, RemoteError, first_line
 from raylm.evaluate import evaluate, run_fingerprint
 from raylm.models.identity import pin_revision
@@ -45,6 +48,9 @@ from raylm.sweep.config import Sweep, SweepCorpus, SweepModel, SweepPoint
 from raylm.sweep.plots import CORPORA_PNG, METRICS_PNG, plot_corpora, plot_metrics, plot_norm_scores
 from raylm.sweep.summary import SUMMARY_CSV, SUMMARY_MD, collect, collect_corpora, summary_csv, summary_markdown
 from raylm.tasks import TASKS, get_task
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
 
 log = logging.getLogger(__name__)
 
@@ -201,27 +207,31 @@ def _run_models(sweep: Sweep, todo: dict[str, tuple[list[SweepPoint], list[Sweep
     """Every model's unfinished points, models side by side; a failing model does not stop the others. Returns
     each failed model's error."""
     connect()
-    num_cpus = _cpus_per_actor(sweep, len(todo))
-    models = {m.name: m for m in sweep.models}
-    import_transformers()  # before the models' threads start (see there)
-    with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="sweep") as pool:
-        futures = {name: pool.submit(_run_model, sweep, models[name], points, corpora, out, runs[name], num_cpus)
-                   for name, (points, corpora) in todo.items()}
+    # The corpora are read while the models' actors hold their CPUs: the reads get CPUs of their own first.
+    read_cpus = READ_CPUS if any(corpora for _, corpora in todo.values()) else None
+    with reserved_for_reading(read_cpus) as reading:
+        num_cpus = _cpus_per_actor(sweep, len(todo), read_cpus or 0.0)
+        models = {m.name: m for m in sweep.models}
+        import_transformers()  # before the models' threads start (see there)
+        with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="sweep") as pool:
+            futures = {name: pool.submit(_run_model, sweep, models[name], points, corpora, out, runs[name],
+                                         num_cpus, reading)
+                       for name, (points, corpora) in todo.items()}
     return {name: f.exception() for name, f in futures.items() if f.exception() is not None}
 
 
-def _cpus_per_actor(sweep: Sweep, models: int) -> float | None:
-    """CPU actors of different models share the machine's CPUs (else the first would claim them all and the
-    models would run one after another); GPU actors keep runtime's fractional-CPU default."""
+def _cpus_per_actor(sweep: Sweep, models: int, reserve: float) -> float | None:
+    """CPU actors of different models share the machine's CPUs but `reserve` (else the first would claim them
+    all and the models would run one after another); GPU actors keep runtime's fractional-CPU default."""
     if sweep.num_cpus is not None:
         return sweep.num_cpus
     if all(wants_gpu(m.spec, sweep.num_gpus) for m in sweep.models):
         return None
-    return float(cpu_share(models * sweep.actors_per_model))
+    return float(cpu_share(models * sweep.actors_per_model, reserve))
 
 
 def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], corpora: list[SweepCorpus], out: Location,
-               run: ModelRun, num_cpus: float | None) -> None:
+               run: ModelRun, num_cpus: float | None, reading: PlacementGroup | None) -> None:
     actors = start_actors(model.spec, sweep.actors_per_model, None, sweep.num_gpus, num_cpus,
                           sweep.placement_timeout)
     run.loads += len(actors)
@@ -243,7 +253,7 @@ def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], corpor
         from raylm.corpus.run import run_corpus  # see corpus_is_current
 
         for corpus in corpora:
-            run_corpus(sweep.corpus_config(model, corpus), point_dir(out, model, corpus.point), actors)
+            run_corpus(sweep.corpus_config(model, corpus), point_dir(out, model, corpus.point), actors, reading)
             run.points_run.append(corpus.point)
             log.info("sweep: %s / %s done", model.name, corpus.point)
     finally:
