@@ -28,7 +28,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from raylm.requests.order import common_prefix_length
-from raylm.scoring.scorer import _crop, forward, gather_head_inputs
+from raylm.scoring.scorer import crop_cache, forward, gather_head_inputs
 
 
 # The slots' cache is at most this much wider than its longest live sequence, over 1 (see Slots.trim).
@@ -52,7 +52,7 @@ class PrefixPath:
         keep = self.shared_with(prefix)
         del self.tokens[keep:]
         if self.cache is not None:
-            _crop(self.cache, keep)
+            crop_cache(self.cache, keep)
         extra = list(prefix[keep:])
         if extra and self.cache is None:
             self.cache = DynamicCache()
