@@ -24,7 +24,7 @@ from raylm.cluster.scoring_actor import ScoringActor
 from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
 from raylm.requests.order import common_prefix_length
-from raylm.scoring import generation_cache, memory
+from raylm.scoring import generation, generation_cache, memory
 from raylm.scoring.batching import TokenBudget
 from raylm.scoring.generation import GenerationRequest, Generator, eos_token_ids
 from raylm.scoring.scorer import RequestDoesNotFit
@@ -547,3 +547,12 @@ def test_an_actors_scoring_and_generation_share_one_token_budget(tiny_llama):
     actor = ScoringActor(ModelSpec(str(tiny_llama), "float32", "cpu"), 1, None)
     actor.ready()
     assert actor.resident.generation_engine().budget is actor.resident.scorer.budget
+
+
+def test_an_actors_generator_budgets_the_share_of_the_gpu_it_was_started_with(tiny_llama, monkeypatch):
+    """The share of its GPU an actor is started with (raylm.cluster.runtime.ActorRecipe) reaches the KV budget."""
+    shares = []
+    monkeypatch.setattr(generation, "kv_bytes", lambda device, gpu_share=1.0: shares.append(gpu_share) or 2**20)
+    actor = ScoringActor(ModelSpec(str(tiny_llama), "float32", "cpu"), 1, None, 0.5)
+    actor.ready()
+    assert actor.resident.generation_engine().kv_budget == 2**20 and shares == [0.5]
