@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import random
 import weakref
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from raylm.cluster.scoring_actor import ScoringActor
 from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
 from raylm.requests.order import common_prefix_length
-from raylm.scoring import generation_cache, memory
+from raylm.scoring import generation, generation_cache, memory
 from raylm.scoring.batching import TokenBudget
 from raylm.scoring.generation import GenerationRequest, Generator, eos_token_ids
 from raylm.scoring.scorer import RequestDoesNotFit
@@ -388,6 +389,70 @@ class LiveKeysAndValues(TorchDispatchMode):
         return sum(storages.values())
 
 
+class PeakKeysAndValues(LiveKeysAndValues):
+    """LiveKeysAndValues that also keeps the most bytes live just after any op: the moment a new copy of a cache
+    exists beside whatever of the old one is still referenced."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.peak = max(self.peak, self.live_bytes())
+        return out
+
+
+KV_LAYERS, KV_HEADS, KV_DIM = 8, 2, 4
+
+
+def kv_rows(rows: int, columns: int) -> tf.DynamicCache:
+    """A prefill cache of `rows` rows, `columns` columns, KV_LAYERS layers."""
+    return tf.DynamicCache(ddp_cache_data=[
+        (torch.randn(rows, KV_HEADS, columns, KV_DIM), torch.randn(rows, KV_HEADS, columns, KV_DIM))
+        for _ in range(KV_LAYERS)])
+
+
+def slots_bytes(slots: generation_cache.Slots) -> int:
+    """The storage the slots' keys and values are in (the buffers behind their views), each once."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for layer in slots.cache.layers for t in (layer.keys, layer.values)}
+    return sum(storages.values())
+
+
+def test_the_slots_release_each_layers_old_keys_as_its_new_ones_are_made():
+    """Widening the slots, appending rows to them (to none, or to some) and keeping some of their rows each make a
+    new copy of every layer's keys and values; the old ones go as each layer's new ones are made, so what is live
+    at any moment is the larger of the cache before and after plus about one layer, never the two caches at once
+    (which, with the KV budget at half the free memory, would be all of it)."""
+    live = PeakKeysAndValues(SimpleNamespace(num_key_value_heads=KV_HEADS, head_dim=KV_DIM))
+    slots = generation_cache.Slots()
+    first, wider, more = kv_rows(4, 40), kv_rows(1, 100), kv_rows(2, 120)
+    peaks = {}
+
+    def measure(name: str, op) -> None:
+        before = slots_bytes(slots) if slots.cache is not None else 0
+        live.peak = 0
+        op()
+        largest = max(before, slots_bytes(slots))
+        peaks[name] = (live.peak - largest) / (largest / KV_LAYERS)  # beyond the larger cache, in layers
+
+    def decode_step() -> None:
+        for l in range(KV_LAYERS):
+            slots.cache.update(torch.randn(len(slots), KV_HEADS, 1, KV_DIM),
+                               torch.randn(len(slots), KV_HEADS, 1, KV_DIM), l)
+
+    with live:
+        measure("append to none", lambda: slots.add(first, range(4), [40, 30, 20, 10]))
+        decode_step()
+        measure("widen", lambda: slots.add(wider, [0], [100], free=[2]))
+        decode_step()
+        measure("append", lambda: slots.add(more, [0, 1], [120, 60]))
+        decode_step()
+        measure("keep", lambda: slots.keep([1, 4]))
+    assert all(layers <= 1 for layers in peaks.values()), peaks
+
+
 @pytest.fixture(scope="module")
 def long_prefix(stories) -> tuple[list[GenerationRequest], list]:
     """Eight questions after a ~330-token head they all share (the head is most of every prompt), and their answers
@@ -482,3 +547,12 @@ def test_an_actors_scoring_and_generation_share_one_token_budget(tiny_llama):
     actor = ScoringActor(ModelSpec(str(tiny_llama), "float32", "cpu"), 1, None)
     actor.ready()
     assert actor.resident.generation_engine().budget is actor.resident.scorer.budget
+
+
+def test_an_actors_generator_budgets_the_share_of_the_gpu_it_was_started_with(tiny_llama, monkeypatch):
+    """The share of its GPU an actor is started with (raylm.cluster.runtime.ActorRecipe) reaches the KV budget."""
+    shares = []
+    monkeypatch.setattr(generation, "kv_bytes", lambda device, gpu_share=1.0: shares.append(gpu_share) or 2**20)
+    actor = ScoringActor(ModelSpec(str(tiny_llama), "float32", "cpu"), 1, None, 0.5)
+    actor.ready()
+    assert actor.resident.generation_engine().kv_budget == 2**20 and shares == [0.5]

@@ -80,6 +80,17 @@ def test_each_module_imports_only_earlier_stages(package, path):
     assert not uses_ray or package in RAY_USERS, f"{path.name} imports Ray outside {', '.join(sorted(RAY_USERS))}"
 
 
+@pytest.mark.parametrize("path", [path for package, path in modules() if package == "scoring"],
+                         ids=lambda p: str(p.relative_to(RAYLM)))
+def test_a_scoring_module_imports_no_other_modules_private_names(path):
+    """A helper two modules use has one public home: imported under its private name, it is owned by a module that
+    may change it for its own use alone."""
+    private = [f"{node.module}.{alias.name}" for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("raylm.")
+               for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert not private, f"{path.name} imports private {', '.join(private)}"
+
+
 def test_every_package_is_covered():
     assert {package for package, _ in modules()} == set(ALLOWED) == set(STAGES)
 

@@ -12,7 +12,8 @@ import torch
 from transformers import LlamaConfig
 
 from raylm.models.devices import count_parameters
-from raylm.scoring.memory import GIB, generation_tokens, kv_bytes_per_token, kv_share, slots_fitting
+from raylm.scoring import memory
+from raylm.scoring.memory import GIB, generation_tokens, kv_bytes_per_token, kv_share, slots_fitting, usable_bytes
 
 PAGE = Path(__file__).parent.parent / "docs" / "numerics.md"
 START, END = "<!-- generation memory table: tests/test_memory_table.py -->", "<!-- end of the table -->"
@@ -73,6 +74,42 @@ def test_the_slots_that_fit_hold_no_more_than_the_budget(slots):
     budget = generation_tokens(slots, PREFIX, QUESTION + NEW_TOKENS, QUESTION)
     assert slots_fitting(budget, PREFIX, QUESTION + NEW_TOKENS, QUESTION) == slots
     assert slots_fitting(budget - 1, PREFIX, QUESTION + NEW_TOKENS, QUESTION) == slots - 1
+
+
+def test_a_gpu_of_its_own_budgets_its_free_memory_and_what_pytorch_holds_unused():
+    assert usable_bytes(free=60 * GIB, total=80 * GIB, reserved=20 * GIB, allocated=15 * GIB) == 65 * GIB
+    assert usable_bytes(60 * GIB, 80 * GIB, 20 * GIB, 15 * GIB, gpu_share=1.0) == 65 * GIB
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+def test_actors_sharing_a_gpu_each_budget_their_share_whichever_loads_first(first):
+    """Two actors with --num-gpus 0.5 on one 80 GiB card, 10 and 20 GiB of weights: each measures the card's free
+    memory with or without the other's weights on it yet; each budgets half the card less its own, so together
+    they never plan for more than the card (measuring the whole card's free memory, the first would count the
+    second's half as its own)."""
+    total, weights = 80 * GIB, {"a": 10 * GIB, "b": 20 * GIB}
+    second = "b" if first == "a" else "a"
+    free = {first: total - weights[first], second: total - weights["a"] - weights["b"]}
+    usable = {k: usable_bytes(free[k], total, weights[k], weights[k], gpu_share=0.5) for k in weights}
+    assert usable == {"a": 30 * GIB, "b": 20 * GIB}
+    assert sum(weights.values()) + sum(usable.values()) <= total
+
+
+def test_a_share_of_a_gpu_is_no_more_than_the_card_has_free():
+    """What else holds the card (another process, a neighbour over its share) leaves less than the share."""
+    assert usable_bytes(free=5 * GIB, total=80 * GIB, reserved=10 * GIB, allocated=10 * GIB, gpu_share=0.5) == 5 * GIB
+    assert usable_bytes(free=0, total=80 * GIB, reserved=50 * GIB, allocated=50 * GIB, gpu_share=0.5) == 0
+
+
+def test_the_kv_budget_of_a_gpu_actor_is_kv_share_of_its_share(monkeypatch):
+    """kv_bytes reads the device through torch.cuda and budgets KV_SHARE of what the share leaves."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (60 * GIB, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 12 * GIB)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 10 * GIB)
+    cuda = torch.device("cuda", 0)
+    assert memory.kv_bytes(cuda) == kv_share(62 * GIB)
+    assert memory.kv_bytes(cuda, gpu_share=0.5) == kv_share(30 * GIB)
+    assert memory.kv_bytes(torch.device("cpu"), gpu_share=0.5) == memory.CPU_KV_BYTES
 
 
 def test_the_memory_table_on_the_numerics_page_is_computed():

@@ -15,6 +15,7 @@ import yaml
 from ray.core.generated import autoscaler_pb2
 
 import raylm.cluster.runtime as runtime
+from raylm.cluster import scoring_actor
 from raylm.cluster.scoring_actor import ScoringActor
 from raylm.cluster.capacity import (HEAD_RESOURCE, UNBOUNDED, Capacity, NodeType, actors_that_fit, capacity_of,
                                     parse_node_types)
@@ -208,6 +209,24 @@ def test_plan_actors_gives_actors_the_placements_device(monkeypatch):
     monkeypatch.setattr(runtime, "cluster_capacity", lambda: Capacity((HEAD0,), (gpu_worker(2),), "x"))
     recipe, n = plan_actors(ModelSpec("unused"), None, None)
     assert (n, recipe.num_gpus, recipe.spec.device, recipe.awaits_nodes) == (2, 1.0, "cuda", True)
+
+
+def test_an_actor_with_a_fraction_of_a_gpu_is_started_with_that_share(monkeypatch):
+    """--num-gpus 0.5 packs two actors on a GPU: each is told it may fill half of it (its KV budget is half the
+    card's, not half the card's free memory twice over); an actor with one or more GPUs fills each of them."""
+    started = []
+
+    class Remote:
+        def options(self, **options):
+            return self
+
+        def remote(self, *args):
+            started.append(args)
+
+    monkeypatch.setattr(scoring_actor, "RemoteScoringActor", Remote())
+    for num_gpus, share in ((0.5, 0.5), (0.25, 0.25), (1.0, 1.0), (2.0, 1.0), (0.0, 1.0)):
+        ActorRecipe(ModelSpec("unused", device="cuda" if num_gpus else "cpu"), None, 1.0, num_gpus, 1).start()
+        assert started.pop()[-1] == share
 
 
 def test_a_gpu_actor_that_finds_no_cuda_device_stops_with_one_line(tiny_llama, monkeypatch):

@@ -108,10 +108,12 @@ class ResidentScorer:
     scorers built on first use. Plain torch, callable without Ray; the Ray actor around it is
     raylm.cluster.scoring_actor.ScoringActor."""
 
-    def __init__(self, spec: ModelSpec, threads: int, batch_size: int | None):
+    def __init__(self, spec: ModelSpec, threads: int, batch_size: int | None, gpu_share: float = 1.0):
+        """`gpu_share`: the fraction of its GPU the actor was given (ActorRecipe.gpu_share), what its KV budget may
+        fill."""
         torch.set_num_threads(threads)
         spec = device_here(spec)
-        self.spec, self.batch_size = spec, batch_size
+        self.spec, self.batch_size, self.gpu_share = spec, batch_size, gpu_share
         self.generator: Generator | None = None  # built on the first generation shard: most runs have none
         # a sweep's corpus scorer, by (max_length, stride): built on its first batch of documents
         self.documents: dict[tuple[int, int], DocumentNLL | DocumentPLL] = {}
@@ -157,5 +159,5 @@ class ResidentScorer:
 
             # One token budget for the model's scoring and generation: out of memory in either halves it for both.
             self.generator = Generator(self.scorer.model, load_tokenizer(self.spec), self.batch_size,
-                                       budget=self.scorer.budget)
+                                       budget=self.scorer.budget, gpu_share=self.gpu_share)
         return self.generator

@@ -182,11 +182,18 @@ class ActorRecipe:
         """Whether an actor started from this recipe is one `other` would start (their placement lines aside)."""
         return replace(self, reason="", awaits_nodes=False) == replace(other, reason="", awaits_nodes=False)
 
+    @property
+    def gpu_share(self) -> float:
+        """The fraction of its GPU the actor may fill: under one GPU, Ray packs other actors beside it on the card
+        (--num-gpus 0.5: two); with one or more, each of its GPUs is its own (and a CPU actor has none to share)."""
+        return self.num_gpus if 0 < self.num_gpus < 1 else 1.0
+
     def start(self) -> ActorHandle:
         """Ask Ray for a new actor; it is ready (model loaded) when its `ready()` returns."""
         from raylm.cluster.scoring_actor import RemoteScoringActor
 
-        return RemoteScoringActor.options(**self.options()).remote(self.spec, self.threads, self.batch_size)
+        return RemoteScoringActor.options(**self.options()).remote(self.spec, self.threads, self.batch_size,
+                                                                   self.gpu_share)
 
     def options(self) -> dict[str, object]:
         """What the actor asks of Ray: its CPUs and GPUs, and for a GPU named by index (--device cuda:N) the

@@ -24,12 +24,13 @@ if TYPE_CHECKING:
 
 
 class ScoringActor(DeferredStartup):
-    """Constructed as ScoringActor(spec, threads, batch_size); a model that fails to load is reported by ready()."""
+    """Constructed as ScoringActor(spec, threads, batch_size[, gpu_share]); a model that fails to load is reported by
+    ready()."""
 
-    def start(self, spec: ModelSpec, threads: int, batch_size: int | None) -> None:
+    def start(self, spec: ModelSpec, threads: int, batch_size: int | None, gpu_share: float = 1.0) -> None:
         from raylm.cluster.actors import ResidentScorer
 
-        self.resident: ResidentScorer = ResidentScorer(spec, threads, batch_size)
+        self.resident: ResidentScorer = ResidentScorer(spec, threads, batch_size, gpu_share)
 
     def ready(self) -> int:
         """The actor's PID: proof of life once the model is loaded, and what fault-injection tests kill."""

@@ -95,11 +95,12 @@ class _Sequence:
 
 class Generator:
     def __init__(self, model: torch.nn.Module, tokenizer, batch_size: int | None = None,
-                 budget: TokenBudget | None = None, kv_budget: int | None = None) -> None:
+                 budget: TokenBudget | None = None, kv_budget: int | None = None, gpu_share: float = 1.0) -> None:
         """batch_size: at most this many slots (sequences decoded together); None: as many as the KV budget holds.
         `budget`: the token budget of one forward pass, shared with the scorer of the same model where given (an
         out-of-memory error in either halves it for both); `kv_budget`: bytes of keys and values at the full token
-        budget, measured from the device where not given (raylm.scoring.memory)."""
+        budget, measured from the device where not given (raylm.scoring.memory), of which this process was given
+        `gpu_share` (an actor's fraction of a GPU; 1 for a device of its own)."""
         # HF generate passes position ids to the models that take them; the others (ALiBi) read positions from the
         # 2D mask. A model that does neither counts positions from the cache's width, which is the slots' width, not
         # each row's length.
@@ -124,7 +125,7 @@ class Generator:
         self.shares_prefix = self.takes_positions and takes_shared_prefix(model)
         self.budget = budget or TokenBudget(GPU_START_TOKEN_BUDGET if self.device.type == "cuda"
                                             else cpu_token_budget(model.config))
-        self.kv_budget = kv_bytes(self.device) if kv_budget is None else kv_budget
+        self.kv_budget = kv_bytes(self.device, gpu_share) if kv_budget is None else kv_budget
         self.kv_per_token = kv_bytes_per_token(model.config, getattr(model, "dtype", torch.float32))
         self._max_rows = max_predicted_positions(model, head, LOGITS_BUDGET_BYTES.get(
             self.device.type, LOGITS_BUDGET_BYTES["cuda"]))

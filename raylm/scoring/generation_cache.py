@@ -28,7 +28,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from raylm.requests.order import common_prefix_length
-from raylm.scoring.scorer import _crop, forward, gather_head_inputs
+from raylm.scoring.scorer import crop_cache, forward, gather_head_inputs
 
 
 # The slots' cache is at most this much wider than its longest live sequence, over 1 (see Slots.trim).
@@ -52,7 +52,7 @@ class PrefixPath:
         keep = self.shared_with(prefix)
         del self.tokens[keep:]
         if self.cache is not None:
-            _crop(self.cache, keep)
+            crop_cache(self.cache, keep)
         extra = list(prefix[keep:])
         if extra and self.cache is None:
             self.cache = DynamicCache()
@@ -133,28 +133,25 @@ class Slots:
         """Pad every row on the left to `width` columns (a copy), for a row that joins longer than the cache."""
         grow = width - self.width
         for layer in self.cache.layers:
-            layer.keys, layer.values = _pad_left(layer.keys, width), _pad_left(layer.values, width)
+            layer.replace(_pad_left(layer.keys, width), _pad_left(layer.values, width))
         self.starts = [start + grow for start in self.starts]
 
     def _append(self, prefilled: DynamicCache, rows: Sequence[int], lengths: Sequence[int]) -> None:
+        """Join the rows after the slots' own, a layer at a time: each layer's old keys and values are let go as its
+        joined ones are made, so the cache and its copy are never whole at once."""
         width = max(self.width, *lengths)
         grow = width - self.width
-        index = torch.tensor(list(rows), device=prefilled.layers[0].keys.device)
-        joined = []
-        for l, new in enumerate(prefilled.layers):
-            old = self.cache.layers[l] if self.cache is not None else None
-            joined.append((_join(None if old is None else old.keys, new.keys.index_select(0, index),
-                                 lengths, width),
-                           _join(None if old is None else old.values, new.values.index_select(0, index),
-                                 lengths, width)))
         if self.cache is None:
             self.cache = DynamicCache()
             self.cache.layer_class_to_replicate = _GrowingLayer
-            for l, (keys, values) in enumerate(joined):
+        for l, new in enumerate(prefilled.layers):
+            old = self.cache.layers[l] if l < len(self.cache.layers) else None
+            keys = _join(None if old is None else old.keys, new.keys, rows, lengths, width)
+            values = _join(None if old is None else old.values, new.values, rows, lengths, width)
+            if old is None:
                 self.cache.update(keys, values, l)
-        else:
-            for layer, (keys, values) in zip(self.cache.layers, joined):
-                layer.keys, layer.values = keys, values
+            else:
+                old.replace(keys, values)
         self.starts = [start + grow for start in self.starts] + [width - n for n in lengths]
 
     def keep(self, rows: Sequence[int]) -> None:
@@ -195,27 +192,36 @@ class Slots:
         return mask.to(device), positions.to(device)
 
 
-def _join(old: torch.Tensor | None, new: torch.Tensor, lengths: Sequence[int], width: int) -> torch.Tensor:
-    """`old` rows left-padded to `width`, then `new` rows (valid in their first lengths[j] columns) right-aligned."""
-    rows = new.new_zeros(new.shape[0], new.shape[1], width, new.shape[3])
-    for j, n in enumerate(lengths):
-        rows[j, :, width - n:] = new[j, :, :n]
-    if old is None:
-        return rows
-    return torch.cat([_pad_left(old, width), rows], dim=0)
+def _join(old: torch.Tensor | None, new: torch.Tensor, rows: Sequence[int], lengths: Sequence[int], width: int
+          ) -> torch.Tensor:
+    """`old` rows left-padded to `width`, then `new`'s rows `rows` (row rows[j] valid in its first lengths[j]
+    columns) right-aligned: written into one tensor, where padding, selecting and concatenating would each make
+    copies beside it."""
+    kept = 0 if old is None else old.shape[0]
+    joined = new.new_zeros(kept + len(rows), new.shape[1], width, new.shape[3])
+    if old is not None:
+        joined[:kept, :, width - old.shape[2]:] = old
+    for j, (r, n) in enumerate(zip(rows, lengths)):
+        joined[kept + j, :, width - n:] = new[r, :, :n]
+    return joined
 
 
 def _pad_left(states: torch.Tensor, width: int) -> torch.Tensor:
     """Keys or values (rows, heads, columns, dim) padded with zero columns on the left to `width` columns."""
     if states.shape[2] >= width:
         return states
-    return torch.cat([states.new_zeros(*states.shape[:2], width - states.shape[2], states.shape[3]), states], dim=2)
+    padded = states.new_zeros(*states.shape[:2], width, states.shape[3])
+    padded[:, :, width - states.shape[2]:] = states
+    return padded
 
 
 class _GrowingLayer(DynamicLayer):
     """A DynamicLayer whose keys and values are views of the first columns of buffers with spare columns, so an
     update writes in place. Anything that replaces keys or values (a crop keeps them views; selecting rows, cutting
-    columns off the left or joining rows does not) is noticed at the next update, which then buffers afresh."""
+    columns off the left or joining rows does not) is noticed at the next update, which then buffers afresh.
+
+    Whatever replaces them lets the buffers go at once (replace, batch_select_indices): held until the next update,
+    every layer's old buffers would stay beside its new keys, the whole cache twice over."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -234,6 +240,14 @@ class _GrowingLayer(DynamicLayer):
             buffer[:, :, :width].zero_()
         layer.keys, layer.values = (buffer[:, :, :width] for buffer in layer._buffers)
         return layer
+
+    def replace(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Keys and values in tensors of their own (a copy), the buffers let go."""
+        self.keys, self.values, self._buffers = keys, values, None
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._buffers = None
+        super().batch_select_indices(indices)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -203,7 +203,7 @@ class Scorer:
         with gather_head_inputs(self._head, flat, len(batch), width):
             logits = forward(self.model, ids.to(self.device), cache, **kwargs).logits
         if cache is not None and not step.keep:
-            _crop(cache, step.cached)
+            crop_cache(cache, step.cached)
         if tuple(logits.shape[:2]) != (1, len(columns)):
             raise HeadMisuse(f"{type(self.model).__name__} returned logits of shape {tuple(logits.shape)} for "
                              f"{len(columns)} gathered positions: it does not return what its LM head computed, "
@@ -232,7 +232,7 @@ class Scorer:
         elif self._cache is None or self._cache.get_seq_length() < step.cached:
             raise RuntimeError(f"a step over {step.cached} cached tokens ran without them (steps out of walk order)")
         else:
-            _crop(self._cache, step.cached)
+            crop_cache(self._cache, step.cached)
         return self._cache
 
     def _model_inputs(self, batch: list[PackedRow], width: int, cached: int, over_cache: bool) -> dict:
@@ -270,8 +270,9 @@ def forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache
     return out
 
 
-def _crop(cache: DynamicCache, length: int) -> None:
-    """Drop the cache's keys and values past `length` tokens (transformers' crop takes how many to remove)."""
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Drop the cache's keys and values past `length` tokens (transformers' crop takes how many to remove): the
+    scorer's tree walk and generation's prefix path both go back to a shorter prefix this way."""
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)
