@@ -262,6 +262,33 @@ def test_a_run_whose_lease_was_taken_over_stops_writing(s3, monkeypatch):
     assert json.loads((out / LOCK_FILE).read_bytes())["owner"] == "x"  # the new holder's lease stays
 
 
+def test_a_holder_whose_renewal_hangs_past_its_lease_stops_writing(s3, monkeypatch):
+    """The renewer stuck in a read the store does not answer: once the lease it could not renew has expired, another
+    run may hold it, so the holder's writes stop then, not only once the stuck read returns."""
+    monkeypatch.setenv(lock.LEASE_ENV, "1")
+    out = location(f"{s3}/run")
+    answer = threading.Event()
+    real_read = lock._Lease._read
+
+    def stuck(self):
+        if threading.current_thread().name == "raylm-lease":
+            answer.wait()
+        return real_read(self)
+
+    monkeypatch.setattr(lock._Lease, "_read", stuck)
+    with pytest.raises(RaylmError) as stopped, output_lock(out):
+        expires = json.loads((out / LOCK_FILE).read_bytes())["expires"]
+        while time.time() <= expires:
+            time.sleep(0.05)
+        try:
+            write_atomic(out / "results.json", b"{}")
+        finally:
+            answer.set()
+    assert str(stopped.value) == (f"output directory '{s3}/run': this run's lease expired before it could renew it; "
+                                  "this run stopped writing there")
+    assert not (out / "results.json").exists()
+
+
 def test_ownership_and_overwrite_on_s3(s3):
     """A results.json raylm did not write is refused; --overwrite deletes raylm's files there and nothing else."""
     out = location(f"{s3}/run")
