@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from raylm.config import EvalConfig
+from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
 from raylm.results.eval_result import EvalResult, TaskResult
 from raylm.results.report import write_samples
@@ -64,7 +65,61 @@ def test_a_write_failing_midway_on_a_filesystem_without_rename_leaves_no_file(fa
 
     out = location("faulty://run")
     write_atomic(out / "old.json", b"{}")
-    faulty.fail_write_at = 3  # old.json's one write, then the new file's first chunk, then its second
+    faulty.fail_write_at = 5  # the rename probe's two files, old.json's one write, the new file's 1st chunk, its 2nd
     with pytest.raises(OSError, match="No space left"):
         write_atomic(out / "samples.parquet", b"x" * (3 << 20))
     assert [p.name for p in out.iterdir()] == ["old.json"]
+
+
+@pytest.mark.parametrize("rename_over, why", [
+    ("refuse", r"renaming a file onto another failed: \[Errno 17\] File exists: '.*-old'"),  # smb
+    ("ignore", r"renaming a file onto another failed: renaming '.*' to '.*' reported success but left it in place"),
+])
+def test_a_filesystem_whose_rename_cannot_replace_a_file_is_refused_in_one_line_before_any_write(faulty, rename_over,
+                                                                                                 why):
+    """Replacing results.json, a checkpoint's manifest.json or the lock's lease there would fail every time (smb),
+    or leave the old file and report success (webhdfs answering `false`): refused at the first write, the lock's."""
+    from raylm.storage.atomic import write_atomic
+    from raylm.storage.location import location
+
+    faulty.rename_over = rename_over
+    out = location(f"faulty://{rename_over}/run")
+    with pytest.raises(RaylmError, match=rf"^output 'faulty://{rename_over}/run' is on a filesystem \(faulty\) that "
+                                         rf"cannot replace a file in one step \({why}\), so a run killed while "
+                                         r"replacing one \(a checkpoint's manifest.json\) would lose it; use a local "
+                                         r"or NFS path or an object store \(s3://, gs://, abfs://\)$"):
+        write_atomic(out / ".raylm.lock", b"{}")
+    assert out.iterdir() == []  # the probe's files deleted, nothing written
+
+
+def test_a_filesystem_known_to_delete_before_it_renames_is_refused_without_a_probe(faulty, monkeypatch):
+    """pyarrow's HDFS client replaces a file by deleting it and then renaming: a kill in between loses the file, and
+    no probe can see that (its result is right), so the filesystem is refused by name."""
+    from raylm.storage import filesystems
+    from raylm.storage.atomic import write_atomic
+    from raylm.storage.location import location
+
+    assert "deletes the existing file, then renames" in filesystems.NOT_ONE_STEP["hdfs"]
+    monkeypatch.setitem(filesystems.NOT_ONE_STEP, "faulty", filesystems.NOT_ONE_STEP["hdfs"])
+    with pytest.raises(RaylmError, match=r"^output 'faulty://hdfs-like' is on a filesystem \(faulty\) that cannot "
+                                         r"replace a file in one step \(pyarrow's HDFS client deletes"):
+        write_atomic(location("faulty://hdfs-like/results.json"), b"{}")
+    assert next(faulty.moves) == 1 and location("faulty://hdfs-like").iterdir() == []
+
+
+def test_renames_are_probed_once_per_output_and_one_that_silently_fails_fails_the_write(faulty):
+    """A rename that replaces is probed once, by the first write under the output; a later rename that reports
+    success and does nothing (webhdfs answering `false`) fails its write instead of leaving its temporary behind."""
+    from raylm.storage.atomic import write_atomic
+    from raylm.storage.location import location
+
+    out = location("faulty://probed/run")
+    write_atomic(out / "results.json", b"1")
+    write_atomic(out / "checkpoint" / "manifest.json", b"2")
+    write_atomic(out / "results.json", b"3")
+    assert next(faulty.moves) == 1 + 3 + 1  # the probe's one rename, then one per write
+    faulty.rename_over = "ignore"
+    with pytest.raises(OSError, match=r"reported success but left it in place"):
+        write_atomic(out / "results.json", b"4")
+    assert (out / "results.json").read_bytes() == b"3"
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "results.json"]

@@ -107,12 +107,12 @@ def test_every_command_that_writes_stops_before_any_work(held, command, tmp_path
     assert DEMO_DATA.is_dir()
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-5", "2", "inf", "nan"])
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "2", "inf", "nan", "1e11", "86401"])
 def test_a_lease_length_that_cannot_work_is_one_line_naming_the_variable(value, tmp_path, monkeypatch):
-    """0 would renew without pause, and a lease shorter than the wait before its first renewal would expire while
-    its holder runs."""
+    """0 would renew without pause, a lease shorter than the wait before its first renewal would expire while its
+    holder runs, and 1e11 s is more than the renewer's wait can take (it died with an OverflowError)."""
     monkeypatch.setenv(lock.LEASE_ENV, value)
-    with pytest.raises(RaylmError, match=rf"^RAYLM_LOCK_LEASE_S='{value}' is not a lease length: give seconds, at "
-                                         r"least 3$"):
+    with pytest.raises(RaylmError, match=rf"^RAYLM_LOCK_LEASE_S='{value}' is not a lease length: give seconds, from "
+                                         r"3 to 86400$"):
         with output_lock(tmp_path):
             pass

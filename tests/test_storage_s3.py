@@ -27,9 +27,9 @@ from raylm.cli.options import output_arg
 from raylm.cluster.checkpoint import Checkpoint
 from raylm.corpus.stream import PartialParquet
 from raylm.errors import RaylmError
-from raylm.storage import lock
-from raylm.storage.atomic import open_atomic, write_atomic, write_parquet_atomic
-from raylm.storage.location import location, prepare_output
+from raylm.storage import filesystems, lock
+from raylm.storage.atomic import fence, open_atomic, write_atomic, write_parquet_atomic
+from raylm.storage.location import Location, location, prepare_output
 from raylm.storage.lock import LOCK_FILE, output_lock
 from raylm.storage.ownership import check_results_owner, is_raylm_parquet, tagged
 from raylm.tasks.queries import native_queries
@@ -124,6 +124,44 @@ def test_an_upload_interrupted_midway_leaves_no_object(s3, monkeypatch):
         write_atomic(out / "samples.parquet", b"x" * (3 << 20))
     monkeypatch.setattr(shutil, "copyfileobj", real_copy)
     assert out.iterdir() == []
+
+
+def test_a_file_above_the_s3_copy_limit_is_uploaded_under_its_own_name_whole(s3, monkeypatch):
+    """One CopyObject takes at most 5 GB (a large samples/ppl.parquet is more): above the limit, patched down here,
+    the file is uploaded straight to its name, which S3 shows only once the upload completes; no temporary is
+    uploaded beside it. Below it, the temporary is there when the file is about to be put in place."""
+    monkeypatch.setattr(filesystems, "S3_COPY_LIMIT", 1 << 20)
+    out = location(f"{s3}/run")
+    beside = []
+    unfence = fence(out, lambda: beside.append(sorted(p.name for p in out.iterdir())))
+    try:
+        data = os.urandom(3 << 20)
+        write_atomic(out / "ppl.parquet", data)
+        write_atomic(out / "results.json", b"{}")
+    finally:
+        unfence()
+    assert (out / "ppl.parquet").read_bytes() == data and (out / "results.json").read_bytes() == b"{}"
+    assert beside[0] == [] and len(beside[1]) == 2 and beside[1][0].startswith(".results.json.")
+    assert sorted(p.name for p in out.iterdir()) == ["ppl.parquet", "results.json"]
+
+
+def test_a_temporary_left_after_a_good_copy_is_a_warning_not_a_failed_write(s3, monkeypatch, caplog):
+    """The file is in place once the copy succeeded: a store refusing to delete the upload beside it (a policy
+    without DeleteObject, a dropped connection) leaves litter, named in a warning, and the write stands."""
+    real_unlink = Location.unlink
+
+    def refused(self):
+        if self.name.startswith(".results.json."):
+            raise OSError("AccessDenied: not allowed to delete")
+        real_unlink(self)
+
+    out = location(f"{s3}/run")
+    monkeypatch.setattr(Location, "unlink", refused)
+    with caplog.at_level(logging.WARNING):
+        write_atomic(out / "results.json", b"{}")
+    assert (out / "results.json").read_bytes() == b"{}"
+    assert f"could not delete the temporary file {s3}/run/.results.json." in caplog.text
+    assert f"after putting {s3}/run/results.json in place: AccessDenied" in caplog.text
 
 
 def test_a_scheme_pyarrow_lacks_goes_through_fsspec():
@@ -222,6 +260,33 @@ def test_a_run_whose_lease_was_taken_over_stops_writing(s3, monkeypatch):
                                          "raylm run (pid 4242 on node-2, `raylm eval`")
     assert str(stopped.value).endswith("; this run stopped writing there")
     assert json.loads((out / LOCK_FILE).read_bytes())["owner"] == "x"  # the new holder's lease stays
+
+
+def test_a_holder_whose_renewal_hangs_past_its_lease_stops_writing(s3, monkeypatch):
+    """The renewer stuck in a read the store does not answer: once the lease it could not renew has expired, another
+    run may hold it, so the holder's writes stop then, not only once the stuck read returns."""
+    monkeypatch.setenv(lock.LEASE_ENV, "1")
+    out = location(f"{s3}/run")
+    answer = threading.Event()
+    real_read = lock._Lease._read
+
+    def stuck(self):
+        if threading.current_thread().name == "raylm-lease":
+            answer.wait()
+        return real_read(self)
+
+    monkeypatch.setattr(lock._Lease, "_read", stuck)
+    with pytest.raises(RaylmError) as stopped, output_lock(out):
+        expires = json.loads((out / LOCK_FILE).read_bytes())["expires"]
+        while time.time() <= expires:
+            time.sleep(0.05)
+        try:
+            write_atomic(out / "results.json", b"{}")
+        finally:
+            answer.set()
+    assert str(stopped.value) == (f"output directory '{s3}/run': this run's lease expired before it could renew it; "
+                                  "this run stopped writing there")
+    assert not (out / "results.json").exists()
 
 
 def test_ownership_and_overwrite_on_s3(s3):

@@ -2,11 +2,19 @@
 
 On a local disk the file is written beside its name and renamed into place. Elsewhere it is spooled to a local
 temporary file, uploaded under a name beside its final one, and only then put in place: on an object store (S3,
-GCS, Azure) by a server-side copy, which makes the object visible whole or not at all; on HDFS and fsspec's
-filesystems (sftp, smb, ftp, ...) by the filesystem's rename. The upload goes to another name because pyarrow's
-output streams cannot be aborted: a stream interrupted midway (an error, Ctrl-C) still completes what it wrote
-when it closes. A failed write deletes its temporary file; a process killed outright may leave one, under a name
-starting with '.', which no reader takes for the file.
+GCS, Azure) by a server-side copy, which makes the object visible whole or not at all; on fsspec's filesystems
+(sftp, ftp, ...) by the filesystem's rename, where a probe found that it replaces an existing file in one step (one
+whose rename cannot, HDFS, smb, webhdfs, is refused: raylm.storage.filesystems). The upload goes to another
+name because pyarrow's output streams cannot be aborted: a stream interrupted midway (an error, Ctrl-C) still
+completes what it wrote when it closes. A failed write deletes its temporary file; a process killed outright may
+leave one, under a name starting with '.', which no reader takes for the file.
+
+A file larger than pyarrow's S3 copy can take (one CopyObject request, at most 5 GB) is uploaded under its final
+name instead: S3 shows a multipart upload only once it completes, and the upload runs in pyarrow's C++ code from
+the local spool without returning to Python, so that Ctrl-C, which Python raises only between its own steps, takes
+effect after the object is whole, never with a part of it sent; a kill leaves the upload incomplete, so invisible.
+(An error reading the spool midway, a failing local disk, is the one case left: Arrow closes the upload it could
+not fill, which completes it.)
 
 Before a file is put in place, the checks registered for its directory run (`fence`): the lock registers one per
 leased directory, so that a run whose lease was taken over stops instead of overwriting the new holder's files.
@@ -25,15 +33,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from raylm.storage import filesystems
 from raylm.storage.location import Location, location
 
 log = logging.getLogger(__name__)
-
-# Object stores, where an object is put in place by a server-side copy (a move there is a copy and a delete anyway,
-# and Azure without a hierarchical namespace has none); the other filesystems rename.
-COPYING = ("s3", "gcs", "abfs")
 
 _fences: dict[tuple[str, str], Callable[[], None]] = {}  # (filesystem, directory) -> check
 
@@ -86,29 +92,40 @@ def open_atomic(where: str | os.PathLike[str] | Location, partial: str | None = 
         with _replacing(out.local, partial) as f:
             yield f
         return
-    with tempfile.TemporaryFile() as f:
+    copying = filesystems.kind(out.fs) == filesystems.OBJECT_STORE
+    if not copying:  # before the block, so that a filesystem raylm cannot write to stops a run before its work
+        out.parent.mkdir()  # a filesystem with directories (sftp) needs its parent made
+        filesystems.check_replaces(out.fs, out.parent.path, str(out.parent))
+    with tempfile.NamedTemporaryFile() as f:
         yield f
+        f.flush()
+        if copying and os.fstat(f.fileno()).st_size > filesystems.copy_limit(out.fs):
+            _check_fences(out)
+            pafs.copy_files(f.name, out.path, source_filesystem=pafs.LocalFileSystem(),
+                            destination_filesystem=out.fs)
+            return
         f.seek(0)
-        _upload(f, out, partial or f".{out.name}.{uuid.uuid4().hex}")
+        tmp = out.parent / (partial or f".{out.name}.{uuid.uuid4().hex}")
+        _upload(f, out, tmp, copying)
 
 
-def _upload(f: BinaryIO, out: Location, partial: str) -> None:
-    tmp = out.parent / partial
-    if out.fs.type_name not in COPYING:  # a filesystem with directories (sftp) needs its parent made
-        out.parent.mkdir()
+def _upload(f: BinaryIO, out: Location, tmp: Location, copying: bool) -> None:
     try:
         with out.fs.open_output_stream(tmp.path) as stream:
             shutil.copyfileobj(f, stream, 1 << 20)
         _check_fences(out)
-        if out.fs.type_name in COPYING:
+        if copying:
             out.fs.copy_file(tmp.path, out.path)
         else:
-            out.fs.move(tmp.path, out.path)
+            filesystems.rename_file(out.fs, tmp.path, out.path)
     except BaseException:
         _discard(tmp)
         raise
-    if out.fs.type_name in COPYING:
-        tmp.unlink()
+    if copying:
+        try:
+            tmp.unlink()
+        except OSError as e:  # the file is in place: a temporary left beside it is litter, not a failed write
+            log.warning("could not delete the temporary file %s after putting %s in place: %s", tmp, out, e)
 
 
 def _discard(tmp: Location) -> None:

@@ -24,10 +24,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raylm.errors import RaylmError
-
-# Filesystems with directories, renamed as a whole; on the others (object stores, most fsspec filesystems) a
-# directory is moved file by file.
-RENAMING = ("local", "hdfs")
+from raylm.storage.filesystems import rename_file, renames_directories
 
 # A URI's password (`scheme://user:password@host`, shown as `scheme://***@host`) and query values whose names say
 # they are secrets (`?sas_token=`, `?secret_key=`). A secret holding an unescaped '/' (AWS's may) still ends at '@'.
@@ -78,7 +75,8 @@ class Location:
 
     @property
     def renames(self) -> bool:
-        return self.fs.type_name in RENAMING
+        """Whether a directory here is renamed as a whole (else moved file by file: raylm.storage.filesystems)."""
+        return renames_directories(self.fs)
 
     def _type(self) -> pafs.FileType:
         return self.fs.get_file_info(self.path).type
@@ -136,7 +134,7 @@ class Location:
             self.fs.move(self.path, dest.path)
             return
         for file in sorted(self.files(), key=lambda f: (-f.path.count("/"), f.path)):
-            self.fs.move(file.path, dest.path + file.path[len(self.path):])
+            rename_file(self.fs, file.path, dest.path + file.path[len(self.path):])
         self.fs.delete_dir(self.path)
 
 

@@ -22,7 +22,7 @@ What the lock guarantees depends on the filesystem DIR is on:
   give the lock to another node while the first run, not told, goes on writing its results.
 - Other shared filesystems (CephFS, Lustre, GPFS, SMB, FUSE mounts of object stores) each have their own rules, set
   by their mount options: check yours before pointing two nodes at one DIR.
-- A filesystem URI (s3://, gs://, abfs://, hdfs://; raylm.storage.location): pyarrow's filesystems offer neither
+- A filesystem URI (s3://, gs://, abfs://, sftp://; raylm.storage.location): pyarrow's filesystems offer neither
   a lock nor a conditional write, so the lock is a lease. DIR/.raylm.lock is an object naming its holder and when
   its lease expires; the holder renews it from a background thread every third of the lease (60 s, or
   $RAYLM_LOCK_LEASE_S). A run that finds an unexpired lease stops, naming the holder and when its lease expires,
@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 LOCK_FILE = ".raylm.lock"
 LEASE_ENV = "RAYLM_LOCK_LEASE_S"  # how long a lease on a filesystem URI lasts unless renewed (default 60 s)
 DEFAULT_LEASE_S = 60.0
+MAX_LEASE_S = 86400.0  # a day: a lease a dead holder keeps longer blocks its output for longer than anyone waits
 SETTLE_S = 1.0  # how long a run waits between writing its lease and reading it back
 
 _held: dict[tuple[str, int], list[Any]] = {}  # (directory, thread) -> [release(failed), depth]
@@ -111,7 +112,8 @@ def output_lock(out_dir: str | os.PathLike[str] | Location) -> Iterator[None]:
 
 def lease_seconds() -> float:
     """$RAYLM_LOCK_LEASE_S, checked: a lease must outlast the wait before its first renewal (SETTLE_S and a third
-    of the lease), with room for a slow store, so at least 3 * SETTLE_S."""
+    of the lease), with room for a slow store, so at least 3 * SETTLE_S; and at most MAX_LEASE_S (far below what
+    the renewer's wait and the expiry's clock time can hold)."""
     text = os.environ.get(LEASE_ENV)
     if text is None:
         return DEFAULT_LEASE_S
@@ -119,8 +121,9 @@ def lease_seconds() -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value >= 3 * SETTLE_S):
-        raise RaylmError(f"{LEASE_ENV}={text!r} is not a lease length: give seconds, at least {3 * SETTLE_S:g}")
+    if not 3 * SETTLE_S <= value <= MAX_LEASE_S:  # NaN too
+        raise RaylmError(f"{LEASE_ENV}={text!r} is not a lease length: give seconds, from {3 * SETTLE_S:g} to "
+                         f"{MAX_LEASE_S:g}")
     return value
 
 
@@ -246,8 +249,9 @@ class _Lease:
         return self.release
 
     def check(self) -> None:
-        """Raise if this run lost its lease: it must not write to DIR any more."""
-        if self.lost is not None:
+        """Raise if this run lost its lease, or if it expired unrenewed (the renewer stuck in a store's I/O past it,
+        where another run may take it over): it must not write to DIR any more."""
+        if self._lapsed():
             raise RaylmError(f"output directory '{self.out}': {self.lost}; this run stopped writing there")
 
     def release(self, failed: bool) -> None:
@@ -256,7 +260,7 @@ class _Lease:
         self.stop.set()
         self.renewer.join()
         self.unfence()
-        if self.lost is not None:
+        if self._lapsed():
             if not failed:
                 self.check()
             return
@@ -266,17 +270,26 @@ class _Lease:
         except (OSError, RaylmError) as e:
             log.warning("could not remove the lock %s (%s); its lease expires by itself", self.path, e)
 
+    def _lapsed(self) -> bool:
+        """Whether the lease expired before it was renewed (then lost for good: another run may hold it now)."""
+        if self.lost is None and time.time() >= self.record["expires"]:
+            self._lose("this run's lease expired before it could renew it")
+        return self.lost is not None
+
     def _renew(self) -> None:
         while not self.stop.wait(self.lease_s / 3):
             try:
                 holder = self._read()
+                if self._lapsed():  # a read that returned too late: the lease may be another run's by now
+                    return
                 if holder is not None and holder.get("owner") != self.record["owner"]:
                     self._lose(f"this run's lease was taken over by another raylm run ({describe(holder)})")
                     return
                 self._write()
             except (OSError, RaylmError) as e:  # a store unreachable for a moment: the next renewal may reach it
-                if time.time() >= self.record["expires"]:
+                if self.lost is None and time.time() >= self.record["expires"]:
                     self._lose(f"this run's lease expired before it could renew it ({e})")
+                if self.lost is not None:
                     return
                 log.warning("could not renew the lease on %s: %s", self.path, e)
 
