@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from raylm.corpus.labels import NLL_COLUMNS, domain_samples_column
 from raylm.errors import RaylmError
 from raylm.results.sample_logs import read_sample_log
 from raylm.storage.location import Location
@@ -26,10 +27,6 @@ PER_UNIT = {"word_perplexity": "loglikelihood_per_word", "byte_perplexity": "log
 # lm-eval's `perplexity` (loglikelihood output type) logs each document's loglikelihood and aggregates exp(-mean).
 RENAMED = {"perplexity": "loglikelihood"}
 NATIVE_CHOICE_METRICS = ("acc", "acc_norm")
-# A corpus run's label -> its per-document loss column and the sign that makes it an NLL in nats (a masked LM's
-# PLL is a loglikelihood); `kl` rows hold no one model's NLL.
-CORPUS_NLL = {"ppl": ("nll", 1.0), "pseudo_ppl": ("pll", -1.0)}
-PATH_DOMAIN = "path"  # --domain-column path: each document's file is its domain (raylm.corpus.read)
 
 
 @dataclass
@@ -84,9 +81,9 @@ class CorpusRows:
 def corpus_rows(where: Location, label: str, domain_column: str | None) -> CorpusRows:
     """The rows of a `raylm ppl` samples file (label `ppl`, or a masked LM's `pseudo_ppl`), grouped by the run's
     --domain-column: the file's `domain` column, or its `path` for `path`."""
-    loss, sign = CORPUS_NLL[label]
-    domain = None if domain_column is None else PATH_DOMAIN if domain_column == PATH_DOMAIN else "domain"
-    wanted = ["path", "bytes", "chars", loss, *(["domain"] if domain == "domain" else [])]
+    loss, sign = NLL_COLUMNS[label]
+    domain = domain_samples_column(domain_column)
+    wanted = list(dict.fromkeys(["path", "bytes", "chars", loss, *([domain] if domain else [])]))
     with where.open_input() as f:
         parquet = pq.ParquetFile(f)
         missing = [c for c in wanted if c not in parquet.schema_arrow.names]
