@@ -55,7 +55,7 @@ from raylm.storage.location import location
 from raylm.storage.lock import output_lock
 from raylm.storage.ownership import CHECKPOINT_DIR
 from raylm.tasks import get_task
-from raylm.tasks.base import doc_hash
+from raylm.tasks.base import row_hash
 from raylm.tasks.lmeval.selection import select_lmeval
 from raylm.tasks.native import TaskDocs, load_task_docs
 from raylm.tasks.prompt import PromptFormat
@@ -294,7 +294,7 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
             metrics, original = choice_metrics(sums, get_task(name).choice_metrics), docs[name][1]
         results[name] = TaskResult(name, kind, metrics, sums, original, table)
         if kind != LMEVAL_KIND:
-            results[name].doc_hashes = {doc.doc_id: doc_hash(doc) for doc in docs[name][0]}
+            results[name].row_hashes = {doc.doc_id: row_hash(doc) for doc in docs[name][0]}
         if clean is not None and kind != LMEVAL_KIND:
             results[name].decontaminated = native_decontaminated(name, kind, table, clean[name])
     lmeval = _lmeval_results(cfg, built, tables, results, clean) if built is not None else None
@@ -341,16 +341,16 @@ def _lmeval_results(cfg: EvalConfig, built: Built, tables: Tables, results: dict
 
 def log_native_samples(cfg: EvalConfig, docs: TaskDocs, prompt: PromptFormat, results: dict[str, TaskResult]
                         ) -> None:
-    """Each native task's samples as lm-eval logs them, on its TaskResult, for its jsonl: computed by lm-eval's own
-    task of that name on the same rows (raylm.results.native_logs). Without lm-eval, which that takes, the native
-    tasks' samples are Parquet only."""
+    """Each native task's samples as lm-eval logs them, on its TaskResult, for its jsonl, and their doc_hashes for
+    its Parquet: computed by lm-eval's own task of that name on the same rows (raylm.results.native_logs). Without
+    lm-eval, which that takes, the native tasks' samples are Parquet only, without doc_hash."""
     try:
         import lm_eval  # noqa: F401
     except ImportError:
         log.warning("native tasks' samples are written as Parquet only: their lm-eval jsonl is written by lm-eval's "
                     "own code, and lm-eval is not installed")
         return
-    from raylm.results.native_logs import native_samples
+    from raylm.results.native_logs import logged_doc_hashes, native_samples
     from raylm.tasks.lmeval.counterparts import build_counterparts
 
     built = build_counterparts(list(docs), cfg.data_dir, num_fewshot=cfg.num_fewshot, fewshot_seed=cfg.fewshot_seed,
@@ -359,6 +359,7 @@ def log_native_samples(cfg: EvalConfig, docs: TaskDocs, prompt: PromptFormat, re
                             {name: results[name].scored for name in docs}, prompt)
     for name, samples in logged.items():
         results[name].samples = samples
+        results[name].doc_hashes = logged_doc_hashes(name, samples)
 
 
 def _parameter_count_after(importing: Future[None], spec: ModelSpec) -> int:

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +34,7 @@ from raylm.compare.statistics import (
 )
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
+from raylm.evaluate import evaluate
 from raylm.models.spec import ModelSpec
 from raylm.requests.shards import LMEVAL_KIND
 from raylm.results.eval_result import EvalResult, TaskResult
@@ -52,6 +54,9 @@ def compared(*places) -> dict:
     return compare_runs([run for where in places for run in find_runs(where)])
 SEEDS = (0, 1234, 1234, 1234)
 LIMIT = 6
+NATIVE = ("hellaswag", "winogrande", "wikitext")
+# lm-eval's own --log_samples output for its hellaswag, winogrande and wikitext on the first 3 rows of tests/data
+NATIVE_GOLDEN = Path(__file__).parent / "golden" / "lmeval-0.4.13_native_samples"
 
 
 def test_paired_difference_equals_numpy_and_scipy_on_random_data():
@@ -145,6 +150,7 @@ def _native(seed: int) -> tuple[TaskResult, TaskResult]:
                           {"docs": 3, "nll": 1.0, "tokens": 9, "words": 65, "bytes": 640}, 3, rolling)
     hellaswag.doc_hashes = {d: f"hellaswag document {d}" for d in range(4)}
     wikitext.doc_hashes = {d: f"wikitext page {d}" for d in range(3)}
+    hellaswag.row_hashes = {d: f"hellaswag row {d}" for d in range(4)}
     return hellaswag, wikitext
 
 
@@ -298,6 +304,46 @@ def test_lm_evals_own_output_directory_compares_like_a_raylm_run(runs, tmp_path)
     assert lmeval_names and {t: ours[t] for t in lmeval_names} == {t: theirs[t] for t in lmeval_names}
 
 
+def _lmeval_native_output(where: Path) -> Path:
+    """lm-eval's --output_path for its own hellaswag, winogrande and wikitext on the tests' first 3 rows: the
+    samples_<task>_<date>.jsonl lm-eval wrote (tests/golden/make_native_samples.py), and a results_<date>.json
+    reporting each per-document metric as lm-eval aggregates it, its documents' mean."""
+    date = "2026-12-03T10-00-00.000001"
+    model_dir = where / "stories260K"
+    model_dir.mkdir(parents=True)
+    results: dict = {"results": {}, "configs": {}, "n-shot": {}, "config": {"model": "hf"}}
+    for task in NATIVE:
+        log = (NATIVE_GOLDEN / f"samples_{task}.jsonl").read_text()
+        (model_dir / sample_log_name(task, date)).write_text(log)
+        samples = [json.loads(line) for line in log.splitlines()]
+        results["results"][task] = {f"{m},none": float(np.mean([s[m] for s in samples]))
+                                    for m in samples[0]["metrics"] if m in ("acc", "acc_norm")}
+        results["configs"][task], results["n-shot"][task] = {"task": task}, 0
+    (model_dir / f"results_{date}.json").write_text(json.dumps(results))
+    return where
+
+
+def test_a_native_run_pairs_every_document_with_lm_evals_own_run_of_its_task(ray_session, tmp_path):
+    """raylm's native HellaSwag, WinoGrande and WikiText against lm-eval's own tasks on the same rows and model,
+    the first comparison a user makes: every document pairs (each run's doc_hash is lm-eval's hash of the doc as
+    its task processes it: HellaSwag's with the query, choices and gold its process_docs adds), and the same
+    model on the same prompts differs by nothing."""
+    cfg = EvalConfig(ModelSpec(str(STORIES), dtype="float32"), NATIVE, DATA, limit=3, log_samples=True,
+                     bootstrap_iters=0, progress=False)
+    result = evaluate(cfg)
+    ours = tmp_path / "raylm"
+    write_samples(ours, result)
+    write_results(ours, result)
+    pair = compared(ours, _lmeval_native_output(tmp_path / "lm-eval"))["comparisons"][0]
+    assert (pair["refused"], pair["only_in_a"], pair["only_in_b"]) == ({}, [], [])
+    assert {task: {m: d["n"] for m, d in entry["metrics"].items()} for task, entry in pair["tasks"].items()} == {
+        "hellaswag": {"acc": 3, "acc_norm": 3}, "winogrande": {"acc": 3},
+        "wikitext": {"loglikelihood_per_word": 3, "loglikelihood_per_byte": 3}}
+    for task, entry in pair["tasks"].items():
+        for metric, numbers in entry["metrics"].items():
+            assert numbers["diff"] == pytest.approx(0, abs=1e-6), (task, metric)
+
+
 def test_runs_on_other_documents_or_few_shot_seeds_are_refused_in_one_line(runs, built, tmp_path):
     a, b, _, _ = runs
     fewer = tmp_path / "fewer"
@@ -315,6 +361,14 @@ def test_runs_on_other_documents_or_few_shot_seeds_are_refused_in_one_line(runs,
                                     pa.array([h.replace("page 2", "page X") for h in hashes])), pages)
     with pytest.raises(RaylmError, match=r"^wikitext: .* hold other documents under doc_id 2 \(doc_hash differs"):
         compared(a, other_data)
+    other_rows = tmp_path / "other-rows"  # raylm's own row_hash differs (runs without lm-eval's doc_hash)
+    shutil.copytree(b, other_rows)
+    docs = other_rows / "samples" / "hellaswag_docs.parquet"
+    table = pq.read_table(docs).drop_columns(["doc_hash"])
+    pq.write_table(table.set_column(table.column_names.index("row_hash"), "row_hash",
+                                    pa.array(["hellaswag row 0", "another row", "x", "y"])), docs)
+    with pytest.raises(RaylmError, match=r"^hellaswag: .* under doc_id 1 \(row_hash differs: other data\)"):
+        compared(a, other_rows)
     seeded = tmp_path / "seeded"
     shutil.copytree(b, seeded)
     results_path = seeded / "results.json"

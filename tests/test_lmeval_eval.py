@@ -192,7 +192,7 @@ def test_log_samples_writes_lm_evals_logged_fields_per_request_and_document(cli_
     assert len(rolling) == LIMIT and max(r["windows"] for r in rolling) > 1 and rolling[0]["is_greedy"] is None
     assert all(r["continuation_tokens"] > 0 and len(r["arguments"]) == 1 for r in rolling)
     native = pq.read_table(out / "samples" / "hellaswag_docs.parquet")
-    assert native.num_rows == LIMIT  # native, as before, each document with its content's hash (raylm compare)
+    assert native.num_rows == LIMIT  # native, each document with lm-eval's doc_hash (raylm compare)
     assert len(set(native["doc_hash"].to_pylist())) == LIMIT
     # --output_path: lm-eval's own files where its tooling globs them, beside raylm's folder (no jsonl inside it)
     [results_file] = out.parent.glob("results_*.json")

@@ -9,14 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from raylm.compare.run import Run, read_results
+from raylm.corpus.labels import COMMANDS, LABELS
 from raylm.errors import RaylmError
+from raylm.results.metrics import figures
 from raylm.storage.location import Location
-
-CORPUS_COMMANDS = ("ppl", "kl")  # config.command of a corpus run's results.json (a masked LM's ppl: pseudo_ppl)
 
 
 def is_corpus(results: dict[str, Any]) -> bool:
-    return results.get("config", {}).get("command") in CORPUS_COMMANDS
+    return results.get("config", {}).get("command") in COMMANDS
 
 
 def domain_task(label: str, domain: str) -> str:
@@ -28,15 +28,14 @@ def macro_task(label: str) -> str:
 
 
 def _figures(numbers: dict[str, Any]) -> dict[str, float]:
-    """What the metrics compute from the sums (floats: perplexities, bits per byte and per char, KL per token),
-    not the sums (`nll_sum`, `kl_sum`, ...) and counts (ints) themselves, under lm-eval's `,none` keys."""
-    return {f"{key},none": value for key, value in numbers.items() if isinstance(value, float) and "_sum" not in key}
+    """The figures (raylm.results.metrics.figures) under lm-eval's `,none` keys."""
+    return {f"{key},none": value for key, value in figures(numbers).items()}
 
 
 def corpus_run(where: Location, results: dict[str, Any]) -> Run:
     numbers = results.get("results", {})
     if len(numbers) != 1:
-        raise RaylmError(f"{where / 'results.json'}: a corpus run's results hold one label (ppl, pseudo_ppl or kl), "
+        raise RaylmError(f"{where / 'results.json'}: a corpus run's results hold one label ({', '.join(LABELS)}), "
                          f"got {', '.join(numbers) or 'none'}")
     (label, corpus), = numbers.items()
     tasks = {label: _figures(corpus)}

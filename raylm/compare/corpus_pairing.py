@@ -19,12 +19,13 @@ import numpy as np
 from raylm.compare.corpus_output import domain_task, macro_task
 from raylm.compare.pairing import agrees, reported_value, task_entry
 from raylm.compare.run import Run
-from raylm.compare.scores import CORPUS_NLL, CorpusRows
+from raylm.compare.scores import CorpusRows
 from raylm.compare.statistics import (
     Difference,
     macro_difference,
     pooled_bits_difference,
 )
+from raylm.corpus.labels import NLL_COLUMNS
 from raylm.errors import RaylmError
 
 FIGURE = "bits_per_byte"
@@ -89,7 +90,7 @@ def pair_corpus(a: Run, b: Run, rows_of: Rows) -> dict[str, Any]:
     pair = {"a": a.label, "b": b.label, "tasks": {}, "refused": {},
             "only_in_a": [n for n in names_a if n not in names_b],
             "only_in_b": [n for n in names_b if n not in names_a]}
-    if label not in CORPUS_NLL:
+    if label not in NLL_COLUMNS:
         pair["refused"][label] = {"kl_mean": "raylm kl's figures are not compared (raylm ppl's bits per byte are)"}
         return pair
     missing = [run.label for run in (a, b) if label not in run.samples]

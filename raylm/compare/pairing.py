@@ -1,10 +1,11 @@
 """What pairs with what, and which number each task and group reports.
 
-Two runs' tasks pair document by document when they hold the same documents (doc_id, and doc_hash where both
-runs logged it) with few-shot examples drawn by the same seed. A metric pairs when the number its run reports is
-the mean of its documents' values (checked against results.json: tinyBenchmarks' IRT scores, a median, are not);
-loglikelihood per word or byte stands in for the perplexities, which are pooled over the corpus. A group reports
-a mean of its subtasks' numbers (lm-eval's aggregate_subtask_metrics), weighted by their sizes or not
+Two runs' tasks pair document by document when they hold the same documents (doc_id, and each hash both runs logged:
+lm-eval's doc_hash of the doc its task processed, which raylm logs for its native tasks too, and raylm's row_hash of
+a native task's source row) with few-shot examples drawn by the same seed. A metric pairs when the number its run
+reports is the mean of its documents' values (checked against results.json: tinyBenchmarks' IRT scores, a median,
+are not); loglikelihood per word or byte stands in for the perplexities, which are pooled over the corpus. A group
+reports a mean of its subtasks' numbers (lm-eval's aggregate_subtask_metrics), weighted by their sizes or not
 (weight_by_size); which one is read off the runs' own results.json, and the group's difference is the same
 combination of its subtasks' paired differences, its clustered standard error likewise weighted.
 """
@@ -33,10 +34,11 @@ def refuse_unpaired(task: str, a: Run, b: Run, sa: DocScores, sb: DocScores) -> 
         common = len(np.intersect1d(sa.doc_ids, sb.doc_ids))
         raise RaylmError(f"{task}: {a.label} and {b.label} are not on the same documents ({len(sa.doc_ids)} and "
                          f"{len(sb.doc_ids)}, {common} in common: another --limit or --samples)")
-    if sa.hashes is not None and sb.hashes is not None and sa.hashes != sb.hashes:
-        doc = sa.doc_ids[next(i for i, (x, y) in enumerate(zip(sa.hashes, sb.hashes)) if x != y)]
-        raise RaylmError(f"{task}: {a.label} and {b.label} hold other documents under doc_id {doc} (doc_hash "
-                         "differs: other data)")
+    for column, xs, ys in (("doc_hash", sa.hashes, sb.hashes), ("row_hash", sa.row_hashes, sb.row_hashes)):
+        if xs is not None and ys is not None and xs != ys:
+            doc = sa.doc_ids[next(i for i, (x, y) in enumerate(zip(xs, ys)) if x != y)]
+            raise RaylmError(f"{task}: {a.label} and {b.label} hold other documents under doc_id {doc} ({column} "
+                             "differs: other data)")
     shots = [run.results.get("n-shot", {}).get(task, 0) for run in (a, b)]
     seeds = [run.results.get("config", {}).get("fewshot_seed") for run in (a, b)]
     if all(shots) and seeds[0] != seeds[1]:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from raylm.corpus.labels import NLL_COLUMNS, domain_samples_column
 from raylm.errors import RaylmError
 from raylm.results.sample_logs import read_sample_log
 from raylm.storage.location import Location
@@ -26,10 +27,6 @@ PER_UNIT = {"word_perplexity": "loglikelihood_per_word", "byte_perplexity": "log
 # lm-eval's `perplexity` (loglikelihood output type) logs each document's loglikelihood and aggregates exp(-mean).
 RENAMED = {"perplexity": "loglikelihood"}
 NATIVE_CHOICE_METRICS = ("acc", "acc_norm")
-# A corpus run's label -> its per-document loss column and the sign that makes it an NLL in nats (a masked LM's
-# PLL is a loglikelihood); `kl` rows hold no one model's NLL.
-CORPUS_NLL = {"ppl": ("nll", 1.0), "pseudo_ppl": ("pll", -1.0)}
-PATH_DOMAIN = "path"  # --domain-column path: each document's file is its domain (raylm.corpus.read)
 
 
 @dataclass
@@ -38,8 +35,9 @@ class DocScores:
 
     doc_ids: np.ndarray
     values: dict[str, np.ndarray]  # metric (`acc`, or `acc,<filter>` under another filter) -> per-document values
-    hashes: list[str] | None = None  # each document's doc_hash, where the run logged it
+    hashes: list[str] | None = None  # each document's doc_hash (lm-eval's), where the run logged it
     not_paired: list[str] = field(default_factory=list)  # metrics with no per-document value to pair
+    row_hashes: list[str] | None = None  # each document's row_hash (raylm's native tasks': raylm.tasks.base)
 
 
 def doc_scores(where: Location) -> DocScores:
@@ -53,18 +51,19 @@ def doc_scores(where: Location) -> DocScores:
     if "metrics" in names:  # lm-eval's logged samples, as raylm keeps them (raylm.results.lmeval_samples)
         return _from_logged(where, table.to_pylist())
     ids, index = np.unique(table["doc_id"].to_numpy(), return_inverse=True)
-    hashes = _native_hashes(where, table, ids, index) if "doc_hash" in names else None
+    hashes, row_hashes = (_native_hashes(where, table, column, ids, index) if column in names else None
+                          for column in ("doc_hash", "row_hash"))
     if "words" in names:  # a native rolling task's scored windows: the first holds its document's words and bytes
         total = {c: np.bincount(index, weights=table[c].to_numpy().astype(np.float64))
                  for c in ("loglikelihood", "words", "bytes")}
         return DocScores(ids, {PER_UNIT[f"{unit[:-1]}_perplexity"]: _per_unit(total["loglikelihood"], total[unit])
                                for unit in ("words", "bytes")}, hashes,
-                         not_paired=["bits_per_byte", "byte_perplexity", "word_perplexity"])
+                         not_paired=["bits_per_byte", "byte_perplexity", "word_perplexity"], row_hashes=row_hashes)
     if len(ids) != table.num_rows:
         raise RaylmError(f"{where}: a doc_id on several rows (not a per-document file)")
     order = np.argsort(table["doc_id"].to_numpy(), kind="stable")
     return DocScores(ids, {m: table[m].to_numpy().astype(np.float64)[order] for m in NATIVE_CHOICE_METRICS
-                           if m in names}, hashes)
+                           if m in names}, hashes, row_hashes=row_hashes)
 
 
 @dataclass
@@ -82,9 +81,9 @@ class CorpusRows:
 def corpus_rows(where: Location, label: str, domain_column: str | None) -> CorpusRows:
     """The rows of a `raylm ppl` samples file (label `ppl`, or a masked LM's `pseudo_ppl`), grouped by the run's
     --domain-column: the file's `domain` column, or its `path` for `path`."""
-    loss, sign = CORPUS_NLL[label]
-    domain = None if domain_column is None else PATH_DOMAIN if domain_column == PATH_DOMAIN else "domain"
-    wanted = ["path", "bytes", "chars", loss, *(["domain"] if domain == "domain" else [])]
+    loss, sign = NLL_COLUMNS[label]
+    domain = domain_samples_column(domain_column)
+    wanted = list(dict.fromkeys(["path", "bytes", "chars", loss, *([domain] if domain else [])]))
     with where.open_input() as f:
         parquet = pq.ParquetFile(f)
         missing = [c for c in wanted if c not in parquet.schema_arrow.names]
@@ -96,12 +95,12 @@ def corpus_rows(where: Location, label: str, domain_column: str | None) -> Corpu
                       sign * column[loss].astype(np.float64), None if domain is None else column[domain])
 
 
-def _native_hashes(where: Location, table: Any, ids: np.ndarray, index: np.ndarray) -> list[str]:
-    """Each document's doc_hash (the same on every row of one document)."""
+def _native_hashes(where: Location, table: Any, column: str, ids: np.ndarray, index: np.ndarray) -> list[str]:
+    """Each document's hash in `column` (the same on every row of one document)."""
     hashes = [""] * len(ids)
-    for k, value in zip(index.tolist(), table["doc_hash"].to_pylist()):
+    for k, value in zip(index.tolist(), table[column].to_pylist()):
         if hashes[k] and hashes[k] != value:
-            raise RaylmError(f"{where}: doc {ids[k]} has two doc_hash values")
+            raise RaylmError(f"{where}: doc {ids[k]} has two {column} values")
         hashes[k] = value
     return hashes
 

@@ -23,8 +23,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from raylm.results.metrics import NATS_PER_BIT, bits_per_unit
+
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile: a two-sided 95% interval
-LN2 = math.log(2)  # nats per bit
 
 
 @dataclass(frozen=True)
@@ -123,19 +124,20 @@ def paired_difference(a: np.ndarray, b: np.ndarray, clusters: np.ndarray | None 
 
 def pooled_bits_difference(nll_a: np.ndarray, nll_b: np.ndarray, units: np.ndarray) -> Difference:
     """b - a in bits per unit pooled over the documents, sum(NLL) / sum(units) / ln 2: a corpus run's bits per
-    byte (raylm.results.metrics.perplexities), computed in its order from the same per-document NLLs (nats), so
-    that a and b are the run's own numbers to the bit. Its standard error is the ratio estimator's over documents
-    (ratio_stderr) of d_i = (nll_b_i - nll_a_i) / ln 2 over units_i; the unpaired one each run's alike."""
+    byte, computed as the run computes it (raylm.results.metrics.bits_per_unit) from the same per-document NLLs
+    (nats) summed exactly, so that a and b are the run's own numbers to the bit. Its standard error is the ratio
+    estimator's over documents (ratio_stderr) of d_i = (nll_b_i - nll_a_i) / ln 2 over units_i; the unpaired one
+    each run's alike."""
     nll_a, nll_b = np.asarray(nll_a, np.float64), np.asarray(nll_b, np.float64)
     units = np.asarray(units, np.int64)
     if not nll_a.shape == nll_b.shape == units.shape or nll_a.ndim != 1 or units.sum() <= 0:
         raise ValueError(f"pooled values need equal 1-d arrays with units to divide by, got {nll_a.shape}, "
                          f"{nll_b.shape} and {units.shape} ({units.sum()} units)")
     total = int(units.sum())
-    a, b = (math.fsum(nll.tolist()) / total / LN2 for nll in (nll_a, nll_b))
+    a, b = (bits_per_unit(math.fsum(nll.tolist()), total) for nll in (nll_a, nll_b))
     diff = b - a
-    paired = ratio_stderr((nll_b - nll_a) / LN2, units)
-    unpaired = math.hypot(ratio_stderr(nll_a / LN2, units), ratio_stderr(nll_b / LN2, units))
+    paired = ratio_stderr((nll_b - nll_a) / NATS_PER_BIT, units)
+    unpaired = math.hypot(ratio_stderr(nll_a / NATS_PER_BIT, units), ratio_stderr(nll_b / NATS_PER_BIT, units))
     return Difference(len(units), a, b, diff, paired, unpaired, *z_test(diff, paired))
 
 

@@ -39,7 +39,7 @@ from raylm.models.identity import pin_revision, scored_commit
 from raylm.models.loading import load_config, load_tokenizer, resolve_scorer, text_config
 from raylm.models.spec import ModelSpec, check_model_path
 from raylm.requests.masked import MaskedEncoder
-from raylm.results.metrics import kl_metrics, ppl_metrics, pseudo_ppl_metrics
+from raylm.results.metrics import figures, kl_metrics, ppl_metrics, pseudo_ppl_metrics
 from raylm.results.report import prefix_sharing, run_config
 from raylm.results.sums import CorpusSums
 from raylm.scoring.mlm import MASKED_PREFIX_SHARING
@@ -301,14 +301,13 @@ def _on_actor_pool(ds: ray.data.Dataset, plan: Plan, checkpoint: CorpusCheckpoin
 def domain_metrics(metrics_of: Callable[[dict[str, float]], dict[str, Any]], sums: dict[str, float],
                    domains: dict[str, dict[str, float]] | None) -> dict[str, Any]:
     """The corpus's metrics; with domains, also each domain's (`domains`, by name) and Paloma's macro average,
-    the unweighted mean over the domains of each figure computed from the sums (`macro`)."""
+    the unweighted mean over the domains of each figure computed from the sums (`macro`;
+    raylm.results.metrics.figures)."""
     metrics = metrics_of(sums)
     if domains is None:
         return metrics
     per_domain = {name: metrics_of(domains[name]) for name in sorted(domains)}
-    # The figures are what the metrics compute from the sums (ratios), not the sums and counts themselves.
-    figures = [key for key, value in metrics.items() if isinstance(value, float) and value is not sums.get(key)]
-    macro = {key: math.fsum(m[key] for m in per_domain.values()) / len(per_domain) for key in figures}
+    macro = {key: math.fsum(m[key] for m in per_domain.values()) / len(per_domain) for key in figures(metrics)}
     return {**metrics, "domains": per_domain, "macro": macro}
 
 

@@ -22,7 +22,10 @@ class TaskResult:
     decontaminated: dict[str, float] | None = None  # a native task's `_decontaminate` metrics (lm-eval's: in metrics)
     n_clean: int | None = None  # documents the `_decontaminate` metrics are computed on
     samples: list[dict[str, Any]] | None = None  # a native task's samples as lm-eval logs them (--log-samples)
-    doc_hashes: dict[int, str] | None = None  # a native task's raylm.tasks.base.doc_hash per doc_id
+    # A native task's documents by doc_id: lm-eval's doc_hash of each (from its logged samples, raylm.results.
+    # native_logs), which pairs it with lm-eval's own run of the task; raylm's row_hash (raylm.tasks.base) of each
+    doc_hashes: dict[int, str] | None = None
+    row_hashes: dict[int, str] | None = None
 
 
 @dataclass

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+from typing import Any
+
+NATS_PER_BIT = math.log(2)
 
 
 def _mean_and_stderr(hits: int, n: int) -> tuple[float, float]:
@@ -25,10 +28,25 @@ def perplexities(nll: float, counts: dict[str, float]) -> dict[str, float]:
     """Per-unit perplexities of a total NLL (nats), weighted by the whole corpus (total NLL over total units, not
     a mean of per-document values); nan where there are no units to divide by."""
     out = {f"{unit}_perplexity": math.exp(_ratio(nll, counts[f"{unit}s"])) for unit in ("token", "word", "byte")}
-    out["bits_per_byte"] = _ratio(nll, counts["bytes"]) / math.log(2)
+    out["bits_per_byte"] = bits_per_unit(nll, counts["bytes"])
     if "chars" in counts:
-        out["bits_per_char"] = _ratio(nll, counts["chars"]) / math.log(2)
+        out["bits_per_char"] = bits_per_unit(nll, counts["chars"])
     return out
+
+
+def bits_per_unit(nll: float, units: float) -> float:
+    """A total NLL (nats) over its units, in bits: bits per byte or per char pooled over a corpus; nan without
+    units. raylm compare computes a run's bits per byte again from its per-document NLLs with this, so that it is
+    the run's own number to the bit."""
+    return _ratio(nll, units) / NATS_PER_BIT
+
+
+def figures(metrics: dict[str, Any]) -> dict[str, float]:
+    """The figures among a corpus run's metrics (ppl_metrics, pseudo_ppl_metrics, kl_metrics): what they compute
+    from the sums (floats: perplexities, bits per byte and per char, KL per token, disagreement rate), not the sums
+    (floats named `*_sum*`) and counts (ints) they carry beside them. Told by name and type alone, so that a
+    results.json read back (raylm compare) gives the figures the run averaged over its domains."""
+    return {key: value for key, value in metrics.items() if isinstance(value, float) and "_sum" not in key}
 
 
 def rolling_metrics(sums: dict[str, float]) -> dict[str, float]:

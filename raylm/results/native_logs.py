@@ -38,6 +38,18 @@ def native_samples(built: Built, docs: dict[str, list[Doc]], scored: dict[str, p
 Keyed = tuple[int, int, tuple[str, ...]]  # (document's position in the run, request index, request strings)
 
 
+def logged_doc_hashes(name: str, samples: list[dict[str, Any]]) -> dict[int, str]:
+    """Each document's doc_hash as lm-eval logged it, by doc_id (lm-eval logs a native task's documents under
+    their own doc_id, --samples' too): lm-eval's hash of the doc its task processed (HellaSwag's with the query,
+    choices and gold its process_docs adds), so that the Parquet's documents pair with lm-eval's own run's."""
+    out: dict[int, str] = {}
+    for sample in samples:
+        doc_id, value = sample["doc_id"], sample["doc_hash"]
+        if out.setdefault(doc_id, value) != value:
+            raise RaylmError(f"{name}: lm-eval logged doc {doc_id} under two doc_hash values")
+    return out
+
+
 def _arguments(docs: list[Doc], prompt: PromptFormat) -> Iterator[Keyed]:
     """Every request raylm scored for these documents, in order."""
     for position, doc in enumerate(docs):

@@ -24,7 +24,7 @@ from raylm.errors import RaylmError
 from raylm.models.chat import template_sha
 from raylm.models.spec import ModelSpec
 from raylm.requests.shards import LMEVAL_KIND
-from raylm.results.eval_result import EvalResult
+from raylm.results.eval_result import EvalResult, TaskResult
 from raylm.results.metrics import token_perplexity
 from raylm.results.native import lmeval_shape
 from raylm.scoring.predictions import choice_predictions
@@ -157,14 +157,14 @@ def write_samples(out_dir: str | os.PathLike[str] | Location, result: EvalResult
         if task.kind == LMEVAL_KIND:
             _write_lmeval_samples(path, result, name)
             continue
-        write_parquet_atomic(path, tagged(_with_doc_hashes(task.scored, task.doc_hashes)))
+        write_parquet_atomic(path, tagged(_with_hashes(task.scored, task)))
         if task.kind == "multiple_choice":
             p = choice_predictions(task.scored)
             docs = pa.table({"doc_id": p.doc_id, "gold": p.gold, "pred": p.pred, "pred_norm": p.pred_norm,
                              "acc": (p.pred == p.gold).astype("int8"),
                              "acc_norm": (p.pred_norm == p.gold).astype("int8")})
             write_parquet_atomic(out_dir / "samples" / f"{name}_docs.parquet",
-                                 tagged(_with_doc_hashes(docs, task.doc_hashes)))
+                                 tagged(_with_hashes(docs, task)))
     logged = logged_samples(result)
     if logged and sample_logs:
         from raylm.results.sample_logs import date_id, write_sample_logs
@@ -179,11 +179,14 @@ def logged_samples(result: EvalResult) -> dict[str, list[dict[str, Any]]]:
             for name, task in result.tasks.items() if task.kind == LMEVAL_KIND or task.samples is not None}
 
 
-def _with_doc_hashes(table: pa.Table, hashes: dict[int, str] | None) -> pa.Table:
-    """A native task's rows with their document's doc_hash, which raylm compare pairs documents by."""
-    if hashes is None:
-        return table
-    return table.append_column("doc_hash", pa.array([hashes[d] for d in table["doc_id"].to_pylist()], pa.string()))
+def _with_hashes(table: pa.Table, task: TaskResult) -> pa.Table:
+    """A native task's rows with their document's hashes, which raylm compare pairs documents by: lm-eval's
+    `doc_hash` (where lm-eval logged the task's samples), which its own runs log too, and raylm's `row_hash`."""
+    doc_ids = table["doc_id"].to_pylist()
+    for column, hashes in (("doc_hash", task.doc_hashes), ("row_hash", task.row_hashes)):
+        if hashes is not None:
+            table = table.append_column(column, pa.array([hashes[d] for d in doc_ids], pa.string()))
+    return table
 
 
 def _write_lmeval_samples(path: Location, result: EvalResult, name: str) -> None:

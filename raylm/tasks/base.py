@@ -73,9 +73,10 @@ class TextDoc:
 Doc = ChoiceDoc | TextDoc
 
 
-def doc_hash(doc: Doc) -> str:
-    """The document's content as a sha256 (its source row's fields, or its text), so that two runs' documents
-    under one doc_id can be told the same or not (raylm compare), as lm-eval's doc_hash tells its own."""
+def row_hash(doc: Doc) -> str:
+    """The document's content as a sha256 (its source row's fields, or its text), so that two raylm runs'
+    documents under one doc_id can be told the same or not (raylm compare) where lm-eval, which alone computes
+    its doc_hash of a document, is not installed."""
     content = doc.row_key if isinstance(doc, ChoiceDoc) else doc.text
     return hashlib.sha256(content.encode()).hexdigest()
 
