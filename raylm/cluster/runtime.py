@@ -125,8 +125,11 @@ def cpu_share(actors: int, reserve: float = 0.0) -> int:
     return whole_cpu_share([r.get("CPU", 0.0) for r in node_resources()], actors, reserve) or 1
 
 
+ReadingGroup = PlacementGroup  # what reserved_for_reading holds, named for the stages above that pass it on
+
+
 @contextmanager
-def reserved_for_reading(cpus: float | None) -> Iterator[PlacementGroup | None]:
+def reserved_for_reading(cpus: float | None) -> Iterator[ReadingGroup | None]:
     """CPUs held for Ray Data's reads while actors outside Ray Data's view (a sweep's resident actors) hold the
     rest. Reads that asked the cluster for a CPU would wait for ever where those actors hold every one, and not
     every read step takes a CPU request of 0 (Parquet's file listing asks for one whatever the read asks), so the

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from raylm.compare.run import Run, read_results
-from raylm.corpus.labels import COMMANDS, LABELS
+from raylm.results.corpus_labels import COMMANDS, LABELS
 from raylm.errors import RaylmError
 from raylm.results.metrics import figures
 from raylm.storage.location import Location

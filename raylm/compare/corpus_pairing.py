@@ -25,7 +25,7 @@ from raylm.compare.statistics import (
     macro_difference,
     pooled_bits_difference,
 )
-from raylm.corpus.labels import NLL_COLUMNS
+from raylm.results.corpus_labels import NLL_COLUMNS
 from raylm.errors import RaylmError
 
 FIGURE = "bits_per_byte"

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from raylm.corpus.labels import NLL_COLUMNS, domain_samples_column
+from raylm.results.corpus_labels import NLL_COLUMNS, domain_samples_column
 from raylm.errors import RaylmError
 from raylm.results.sample_logs import read_sample_log
 from raylm.storage.location import Location

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.fs
 
 from raylm.errors import InputError
+from raylm.results.corpus_labels import PATH_DOMAIN
 
 if TYPE_CHECKING:
     import ray.data
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 FORMATS = ("auto", "parquet", "jsonl", "txt")
 _SUFFIXES = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".jsonl.gz": "jsonl", ".json.gz": "jsonl",
              ".txt": "txt"}
-PATH_DOMAIN = "path"  # --domain-column path: each file its own domain
 
 
 def detect_format(data: str) -> str:

@@ -29,7 +29,7 @@ from raylm.cluster.runtime import connect, local_cpus_needed, plan_actors, read_
 from raylm.cluster.scheduler import shard_delay
 from raylm.corpus import CHECKPOINT_EVERY_S, READ_CPUS, SCORING_DOCS_PER_BATCH
 from raylm.corpus.doc_scoring import DocKL, DocPerplexity, DocPseudoPerplexity, take_prefix_sharing
-from raylm.corpus.read import FORMATS, PATH_DOMAIN, data_files, read_corpus
+from raylm.corpus.read import FORMATS, data_files, read_corpus
 from raylm.corpus.resident import on_resident_actors
 from raylm.corpus.resume import BATCH_COLUMN, RESUMED_COLUMN, CorpusCheckpoint, Resuming, corpus_manifest
 from raylm.corpus.stream import PartialParquet, stream_batches
@@ -39,6 +39,7 @@ from raylm.models.identity import pin_revision, scored_commit
 from raylm.models.loading import load_config, load_tokenizer, resolve_scorer, text_config
 from raylm.models.spec import ModelSpec, check_model_path
 from raylm.requests.masked import MaskedEncoder
+from raylm.results.corpus_labels import domain_samples_column
 from raylm.results.metrics import figures, kl_metrics, ppl_metrics, pseudo_ppl_metrics
 from raylm.results.report import prefix_sharing, run_config
 from raylm.results.sums import CorpusSums
@@ -50,7 +51,7 @@ from raylm.storage.ownership import RESULTS, check_results_owner
 
 if TYPE_CHECKING:
     import ray.data
-    from ray.util.placement_group import PlacementGroup
+    from raylm.cluster.runtime import ReadingGroup
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ def resolve_lengths(cfg: CorpusConfig) -> tuple[int, int, str, int | None]:
 
 
 def run_corpus(cfg: CorpusConfig, out_dir: str | os.PathLike[str] | Location,
-               actors: list[ActorHandle] | None = None, reading: PlacementGroup | None = None) -> CorpusResult:
+               actors: list[ActorHandle] | None = None, reading: ReadingGroup | None = None) -> CorpusResult:
     """Score the corpus, write DIR/samples/<kind>.parquet and DIR/results.json, and return the metrics; DIR's lock
     is held meanwhile (raylm.storage.lock), and the scored documents are checkpointed under DIR as they come
     (raylm.corpus.resume), so that the same command after a kill resumes. `actors`: a sweep's resident scoring
@@ -231,7 +232,7 @@ def plan_corpus(cfg: CorpusConfig) -> Plan:
 
 
 def _run_corpus(cfg: CorpusConfig, out_dir: Location, actors: list[ActorHandle] | None,
-                reading: PlacementGroup | None) -> CorpusResult:
+                reading: ReadingGroup | None) -> CorpusResult:
     start = time.time()
     asked = cfg
     plan = plan_corpus(cfg)
@@ -320,7 +321,7 @@ def _stream(batches: Iterator[pa.Table], samples: Location, cfg: CorpusConfig, c
     total, domains = CorpusSums(), defaultdict(CorpusSums)
     verdicts: set[str] = set()
     docs = resumed = 0
-    domain = "path" if cfg.domain_column == PATH_DOMAIN else "domain"
+    domain = domain_samples_column(cfg.domain_column)
     delay = shard_delay()  # RAYLM_SHARD_DELAY_S: a pause after each arriving block, for kill drills
     with checkpoint.kept_on_stop(), PartialParquet(samples) as out, \
             tqdm(unit="doc", disable=not cfg.progress, desc="scoring") as bar:

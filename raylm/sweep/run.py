@@ -50,7 +50,7 @@ from raylm.sweep.summary import SUMMARY_CSV, SUMMARY_MD, collect, collect_corpor
 from raylm.tasks import TASKS, get_task
 
 if TYPE_CHECKING:
-    from ray.util.placement_group import PlacementGroup
+    from raylm.cluster.runtime import ReadingGroup
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ def _cpus_per_actor(sweep: Sweep, models: int, reserve: float) -> float | None:
 
 
 def _run_model(sweep: Sweep, model: SweepModel, points: list[SweepPoint], corpora: list[SweepCorpus], out: Location,
-               run: ModelRun, num_cpus: float | None, reading: PlacementGroup | None) -> None:
+               run: ModelRun, num_cpus: float | None, reading: ReadingGroup | None) -> None:
     actors = start_actors(model.spec, sweep.actors_per_model, None, sweep.num_gpus, num_cpus,
                           sweep.placement_timeout)
     run.loads += len(actors)

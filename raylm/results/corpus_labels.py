@@ -1,11 +1,11 @@
 """The names a corpus run's outputs go by: its label (results.json's one key, samples/<label>.parquet), its command
 (results.json's config.command), the column of its samples that holds each document's loss, and the one that holds
-its domain. raylm.corpus writes its outputs under these names and raylm.compare reads them by the same ones."""
+its domain. raylm.corpus writes its outputs under these names and raylm.compare reads them by the same ones, so they live
+below both."""
 
 from __future__ import annotations
 
-from raylm.corpus.read import PATH_DOMAIN
-
+PATH_DOMAIN = "path"  # --domain-column path: each file its own domain
 PPL, PSEUDO_PPL, KL = "ppl", "pseudo_ppl", "kl"  # a masked LM's `raylm ppl` is labelled pseudo_ppl
 LABELS = (PPL, PSEUDO_PPL, KL)
 COMMANDS = (PPL, KL)
