@@ -99,12 +99,13 @@ def test_every_request_counted_once(runs, tiny_llama):
 def test_actors_launched_alongside_tokenising_are_released_when_tokenising_fails(ray_session, tiny_llama,
                                                                                 monkeypatch):
     """evaluate() starts its actors while the driver tokenises; a failure there must not leave them running."""
-    import raylm.evaluate
+    import raylm.evaluate.driver
+    import raylm.evaluate.startup
     from raylm.errors import RaylmError
 
     launched = []
 
-    class Recorded(raylm.evaluate.LaunchedActors):
+    class Recorded(raylm.evaluate.startup.LaunchedActors):
         def __init__(self, *args):
             super().__init__(*args)
             launched.append(self)
@@ -112,8 +113,8 @@ def test_actors_launched_alongside_tokenising_are_released_when_tokenising_fails
     def broken_encoder(spec):
         raise RaylmError("tokenizer exploded")
 
-    monkeypatch.setattr(raylm.evaluate, "LaunchedActors", Recorded)
-    monkeypatch.setattr(raylm.evaluate, "driver_encoder", broken_encoder)
+    monkeypatch.setattr(raylm.evaluate.startup, "LaunchedActors", Recorded)
+    monkeypatch.setattr(raylm.evaluate.driver, "driver_encoder", broken_encoder)
     spec = ModelSpec(str(tiny_llama), dtype="float32", device="cpu")
     with pytest.raises(RaylmError, match="tokenizer exploded"):
         evaluate(EvalConfig(spec, ("hellaswag",), DATA, limit=2, progress=False))
@@ -124,13 +125,13 @@ def test_actors_launched_alongside_tokenising_are_released_when_tokenising_fails
 
 
 def test_bad_data_fails_before_any_actor_is_launched(ray_session, tiny_llama, tmp_path, monkeypatch):
-    import raylm.evaluate
+    import raylm.evaluate.startup
     from raylm.errors import InputError
 
     def no_launch(*args):
         raise AssertionError("an actor was launched for data that cannot be read")
 
-    monkeypatch.setattr(raylm.evaluate, "LaunchedActors", no_launch)
+    monkeypatch.setattr(raylm.evaluate.startup, "LaunchedActors", no_launch)
     (tmp_path / "hellaswag").mkdir()
     (tmp_path / "hellaswag" / "validation.jsonl").write_text("{oops\n")
     spec = ModelSpec(str(tiny_llama), dtype="float32", device="cpu")

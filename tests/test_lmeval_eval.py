@@ -242,7 +242,7 @@ def runs(ray_session, tasks_dir, tmp_path_factory):
         real_score_shards, real_request_table = evaluate_module.score_shards, lmeval_requests.request_table
         patch.setattr(evaluate_module, "score_shards", scoring)
         patch.setattr(lmeval_requests, "request_table", building)
-        # One CPU for the actor leaves the build one of the session's two (_FirstActor.scores_beside_the_build).
+        # One CPU for the actor leaves the build one of the session's two (FirstActor.scores_beside_the_build).
         out["streamed"] = evaluate(EvalConfig(spec, LMEVAL_TASKS, limit=6, shard_requests=3, progress=False,
                                               include_path=tasks_dir, bootstrap_iters=1000, actors=1, num_cpus=1))
     return out
@@ -315,9 +315,9 @@ def test_continuations_longer_than_the_context_are_named_in_one_line(ray_session
 
 def test_unknown_name_fails_before_ray_starts(local_tasks, tmp_path, capsys, monkeypatch):
     """Refused before connect(), which starts or attaches to Ray, is called: a typo costs no cluster."""
-    import raylm.evaluate
+    import raylm.evaluate.driver
 
-    monkeypatch.setattr(raylm.evaluate, "connect", lambda **_: pytest.fail("Ray was reached for an unknown name"))
+    monkeypatch.setattr(raylm.evaluate.driver, "connect", lambda **_: pytest.fail("Ray was reached for an unknown name"))
     capsys.readouterr()
     assert main(["eval", "--model", str(STORIES), "--tasks", "arc_easy_local,arc_easy_locl", "--include-path",
                  str(local_tasks), "--output", str(tmp_path / "out")]) == 2

@@ -26,7 +26,8 @@ from raylm.cluster.runtime import ActorRecipe, LaunchedActors, plan_actors
 from raylm.config import EvalConfig
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
 from raylm.errors import RaylmError
-from raylm.evaluate import _FirstActor, evaluate
+from raylm.evaluate import evaluate
+from raylm.evaluate.startup import FirstActor
 from raylm.models.checkpoint_size import stored_parameters
 from raylm.models.loading import parameter_count
 from raylm.models.spec import ModelSpec
@@ -380,5 +381,5 @@ def test_the_first_actor_scores_while_tasks_build_only_on_cores_the_build_does_n
     """The local Ray of a small machine gives its one actor every core: scoring there while the driver tokenises
     would stall the actor's threads, so the build finishes first; a GPU actor, or a CPU to spare, scores beside it."""
     recipe = ActorRecipe(ModelSpec(str(DEMO_MODEL)), None, threads, gpus, threads)
-    first = _FirstActor(Capacity(({"CPU": float(cpus), "GPU": float(gpus)},), (), ""), recipe, None)
+    first = FirstActor(Capacity(({"CPU": float(cpus), "GPU": float(gpus)},), (), ""), recipe, None)
     assert first.scores_beside_the_build() is beside

@@ -1,29 +1,22 @@
 """The driver's whole job, top to bottom: rows (or lm-eval's tasks) -> requests -> shards -> actors -> sums ->
-metrics."""
+metrics. How it starts, so that Ray, the first actor and the build overlap, is raylm.evaluate.startup's."""
 
 from __future__ import annotations
 
 import logging
 import queue
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from raylm.cluster.capacity import Capacity
 from raylm.cluster.checkpoint import RAYLM_ROOT, Checkpoint, fingerprint, scored_with, source_digest
-from raylm.cluster.placement import Work
 from raylm.cluster.runtime import (
     ActorHandle,
-    ActorRecipe,
-    LaunchedActors,
-    cluster_capacity,
     connect,
     gcs_address,
     import_transformers,
@@ -31,29 +24,35 @@ from raylm.cluster.runtime import (
     local_cpus_needed,
     plan_actors,
 )
-from raylm.cluster.scheduler import IN_FLIGHT_PER_ACTOR, ScheduleReport, score_shards
+from raylm.cluster.scheduler import ScheduleReport, score_shards
 from raylm.cluster.scored import ScoredShard
 from raylm.config import EvalConfig
 from raylm.errors import RaylmError
+from raylm.evaluate.startup import (
+    Early,
+    RayStarted,
+    build_threads,
+    first_actor,
+    launch,
+    parameter_count_after,
+    score_while_building,
+    work_left,
+)
 from raylm.models.identity import pin_revision, scored_commit
-from raylm.models.loading import parameter_count
-from raylm.models.spec import ModelSpec, check_model_path
+from raylm.models.spec import check_model_path
 from raylm.requests.driver import driver_encoder, driver_sampling, prompt_format, scored_spec
 from raylm.requests.encoding import Encoder
 from raylm.requests.masked import MaskedEncoder
 from raylm.requests.native import Tables, encode_task_requests
 from raylm.requests.order import restore
-from raylm.requests.shards import LMEVAL_KIND, Shard, cut, make_shards
-from raylm.requests.table import forward_tokens
+from raylm.requests.shards import LMEVAL_KIND, Shard, make_shards
 from raylm.results.contamination import CleanSets, read_scan
 from raylm.results.decontamination import clean_documents, native_decontaminated
 from raylm.results.eval_result import EvalResult, TaskResult
 from raylm.results.metrics import choice_metrics, rolling_metrics
 from raylm.results.report import prefix_sharing, run_summary, token_counts
 from raylm.results.sums import merge
-from raylm.storage.location import location
 from raylm.storage.lock import output_lock
-from raylm.storage.ownership import CHECKPOINT_DIR
 from raylm.tasks import get_task
 from raylm.tasks.base import row_hash
 from raylm.tasks.lmeval.selection import select_lmeval
@@ -67,27 +66,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class _RayStarted:
-    """Opened once Ray is up and the first actor is asked for. lm-eval's tasks load and build only then: Ray draws
-    from Python's global `random` while it starts (ports, ids), and lm-eval's documented order is to seed that
-    generator and then load, so nothing may draw from it in between."""
-
-    def __init__(self, started: bool):
-        self._event = threading.Event()
-        self.failed = False
-        if started:
-            self._event.set()
-
-    def open(self, failed: bool) -> None:
-        self.failed = failed
-        self._event.set()
-
-    def wait(self) -> bool:
-        self._event.wait()
-        return not self.failed
-
-
-def _tokenise(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_started: _RayStarted,
+def _tokenise(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_started: RayStarted,
               on_table: Callable[[str, str, pa.Table], None] | None = None
               ) -> tuple[Encoder | MaskedEncoder, Tables, Built | None, PromptFormat]:
     """Every task's request table; `on_table(task, kind, table)` is handed each as soon as it is built, in the
@@ -108,7 +87,7 @@ def _tokenise(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_
     return encoder, tables, built, prompt
 
 
-def _tokenise_streaming(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_started: _RayStarted,
+def _tokenise_streaming(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_started: RayStarted,
                         ready: queue.Queue, importing: Future[None]
                         ) -> tuple[Encoder | MaskedEncoder, Tables, Built | None, PromptFormat]:
     """_tokenise once `importing` (torch and transformers) is done, each table put on `ready` as it is built and None
@@ -177,7 +156,7 @@ def run_fingerprint(cfg: EvalConfig) -> dict[str, Any]:
     cfg.validate()
     check_model_path(cfg.model)
     cfg = replace(cfg, model=pin_revision(cfg.model))
-    encoder, tables, _, _ = _tokenise(cfg, run_task_docs(cfg), run_selection(cfg), _RayStarted(True))
+    encoder, tables, _, _ = _tokenise(cfg, run_task_docs(cfg), run_selection(cfg), RayStarted(True))
     return _manifest(cfg, encoder, tables, make_shards(tables, cfg.shard_requests))
 
 
@@ -208,8 +187,8 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
     if cfg.decontaminate is not None:
         scan = CleanSets(read_scan(cfg.decontaminate), cfg.decontaminate)
         scan.require_tasks([*docs, *(selection.leaves if selection is not None else [])])
-    ray_started = _RayStarted(actors is not None)
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="raylm-tokenise") as tokenising:
+    ray_started = RayStarted(actors is not None)
+    with build_threads() as tokenising:
         # Importing torch and transformers, then tokenising (and building lm-eval's requests), on a thread while Ray
         # starts and the first actor loads its model: on a small machine these fixed costs are much of a short
         # run's wall time, and they do not depend on each other. Neither starting Ray nor asking it for an actor
@@ -225,7 +204,7 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
         try:
             if not started:
                 connect(min_cpus=local_cpus_needed(cfg.actors))
-                first = _first_actor(cfg)
+                first = first_actor(cfg)
                 started = True
         finally:
             ray_started.open(failed=not started)
@@ -233,10 +212,10 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
             # There is work: the model's size, which sizes it, is counted meanwhile rather than after tokenising
             # (where it is counted from the config, building the model on the meta device imports its modeling
             # code: seconds of a short run).
-            parameters = tokenising.submit(_parameter_count_after, importing, cfg.model)
+            parameters = tokenising.submit(parameter_count_after, importing, cfg.model)
         launched = None
         try:
-            early = _score_while_building(cfg, first, ready) if first and first.scores_beside_the_build() else _Early()
+            early = score_while_building(cfg, first, ready) if first and first.scores_beside_the_build() else Early()
             encoder, tables, built, prompt = encoded.result()
             clean, evaluated = clean_documents(cfg, scan, docs, built) if scan is not None else (None, {})
             shards = make_shards(tables, cfg.shard_requests)
@@ -252,7 +231,7 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
                          len(shards))
             todo = [s for s in shards if s.index not in scored]
             if actors is None:
-                launched, first = _launch(cfg, _work(cfg, todo, parameters), first), None
+                launched, first = launch(cfg, work_left(cfg, todo, parameters), first), None
             report = ScheduleReport([], 0, 0, [])
             if todo:
                 pool = launched.wait_ready(cfg.placement_timeout_s) if launched is not None else actors
@@ -361,121 +340,3 @@ def log_native_samples(cfg: EvalConfig, docs: TaskDocs, prompt: PromptFormat, re
         results[name].samples = samples
         results[name].doc_hashes = logged_doc_hashes(name, samples)
 
-
-def _parameter_count_after(importing: Future[None], spec: ModelSpec) -> int:
-    """parameter_count once the driver's import of transformers is done: counting from the config imports its
-    modeling code, which must not run beside that import (raylm.cluster.runtime.import_transformers)."""
-    importing.result()
-    return parameter_count(spec)
-
-
-def _work(cfg: EvalConfig, todo: list[Shard], parameters: Future[int] | None) -> Work:
-    """What is left to score, for placement to size the actors by: nothing at all when every shard is in the
-    checkpoint (the model's config is then not even read, unless `parameters` already counted it)."""
-    counted = parameters.result() if parameters is not None else None
-    if not todo:
-        return Work(0, 0, 0)
-    return Work(len(todo), sum(forward_tokens(s.table) for s in todo),
-                counted if counted is not None else parameter_count(cfg.model))
-
-
-class _FirstActor(NamedTuple):
-    """The actor asked for before the work is known, and the cluster as it was then."""
-
-    capacity: Capacity
-    recipe: ActorRecipe
-    launched: LaunchedActors
-
-    def scores_beside_the_build(self) -> bool:
-        """Whether it may score while the driver builds the rest of the tasks without taking the cores the build
-        runs on: it computes on a GPU, or the cluster has a CPU beyond its threads. Where its threads are every
-        core (the local Ray of a small machine), the tokenising would preempt them, each preemption stalling its
-        other OpenMP threads at their next barrier: on 2 cores, a run of 57 MMLU tasks took 119 s so, against
-        99 s with the build first (bench/RESULTS.md)."""
-        return self.recipe.num_gpus > 0 or self.capacity.live_total("CPU") >= self.recipe.threads + 1
-
-
-def _first_actor(cfg: EvalConfig) -> _FirstActor | None:
-    """One actor asked for before the work is known, where there surely is work (no checkpoint to resume from):
-    its node starting and its model loading then overlap the tokenising. None where a checkpoint may hold every
-    shard."""
-    if cfg.output is not None and not cfg.overwrite and (location(cfg.output) / CHECKPOINT_DIR).exists():
-        return None
-    capacity = cluster_capacity()
-    recipe, _ = plan_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus, cfg.num_cpus, capacity=capacity)
-    # No placement line yet: the one that counts comes with the work estimate (_launch).
-    return _FirstActor(capacity, recipe, LaunchedActors(replace(recipe, reason=""), 1))
-
-
-class _Early:
-    """Shards the first actor scored while the rest of the tasks were still being built, by global index."""
-
-    def __init__(self) -> None:
-        self.results: dict[int, ScoredShard] = {}
-        self.shards: dict[int, Shard] = {}
-        self.retried = self.replaced = self.requests = 0
-
-    def add(self, shards: list[Shard], report: ScheduleReport) -> None:
-        for shard, result in zip(shards, report.results):
-            self.shards[shard.index], self.results[shard.index] = shard, result
-            self.requests += shard.table.num_rows
-        self.retried += report.retried
-        self.replaced += report.replaced
-
-    def settle(self, shards: list[Shard], checkpoint: Checkpoint | None,
-               on_shard: Callable[[Shard, ScoredShard], None] | None) -> None:
-        """Check each early shard is the run's shard of that index, then checkpoint it and report it, as a shard
-        scored after the build would have been."""
-        for index, shard in self.shards.items():
-            final = shards[index] if index < len(shards) else None
-            if final is None or final.task != shard.task or not final.table.equals(shard.table):
-                raise RuntimeError(f"shard {index} ({shard.task}) scored while the tasks were built is not the run's "
-                                   "shard of that index: the streamed tables came in another order than the run's")
-            if checkpoint is not None:
-                checkpoint.save(final, self.results[index])
-            if on_shard is not None:
-                on_shard(final, self.results[index])
-
-    def check_scored_with(self, actors: str) -> None:
-        other = sorted({scored_with(r) for r in self.results.values()} - {actors})
-        if other:
-            raise RaylmError(f"the shards scored while the tasks were built were scored on {', '.join(other)}, the "
-                             f"rest of the run's actors score on {actors}; pass --device and --dtype explicitly")
-
-
-def _score_while_building(cfg: EvalConfig, first: _FirstActor, ready: queue.Queue) -> _Early:
-    """Score the tables the tokenising thread puts on `ready` on the first actor, while it builds the rest, until
-    it puts None (built, or failed). Shards go out two at a time (the actor's in-flight pair) and the build's end
-    is looked for between pairs, so a run of one huge task still spreads over every actor once they are known;
-    shards of a table still waiting then are scored with the rest. Indices follow make_shards: tables arrive in the
-    run's order, so a table's shards come after every earlier table's."""
-    early, pending, pool, offered = _Early(), deque[Shard](), None, 0
-    while True:
-        # Every table built by now joins the pending shards; with none pending, the next one is waited for.
-        items = [] if pending else [ready.get()]
-        while not ready.empty():
-            items.append(ready.get_nowait())
-        for item in items:
-            if item is None:
-                return early
-            name, kind, table = item
-            pieces = cut(table, cfg.shard_requests)
-            pending.extend(Shard(name, kind, offered + j, piece) for j, piece in enumerate(pieces))
-            offered += len(pieces)
-        group = [pending.popleft() for _ in range(min(IN_FLIGHT_PER_ACTOR, len(pending)))]
-        pool = pool or first.launched.wait_ready(cfg.placement_timeout_s)
-        early.add(group, score_shards(pool, first.launched.recipe, group, progress=False))
-
-
-def _launch(cfg: EvalConfig, work: Work, first: _FirstActor | None) -> LaunchedActors:
-    """The actors the work needs, the first one among them where it was asked for already and is the same. The
-    count is planned from the cluster as the first actor found it, not as that actor's own node has changed it."""
-    recipe, n = plan_actors(cfg.model, cfg.actors, cfg.batch_size, cfg.num_gpus, cfg.num_cpus, work=work,
-                            capacity=first.capacity if first is not None else None)
-    started = []
-    if first is not None:
-        if first.recipe.starts_like(recipe):
-            started = first.launched.actors
-        else:
-            first.launched.release()
-    return LaunchedActors(recipe, n, started)
