@@ -94,3 +94,11 @@ def test_a_corpus_uri_with_credentials_and_options_is_read_through_them_and_show
     message = str(raised.value)
     assert message == f"s3://***@{bucket}/mix/*.jsonl{options}: no files match"
     assert not any(s in message + json.dumps(rows) for s in (KEY, SECRET, quote(SECRET, safe="")))
+
+
+def test_the_paths_of_one_corpus_open_on_one_filesystem(s3, tmp_path):
+    """Ray Data reads a corpus through one filesystem: paths on two are refused in one line, before any read."""
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    write_atomic(location(f"{s3}/b.jsonl"), b'{"text": "y"}\n')
+    with pytest.raises(InputError, match=r": the paths are on different filesystems .* read one at a time$"):
+        read_corpus([str(tmp_path / "a.jsonl"), f"{s3}/b.jsonl"])
