@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from raylm.corpus.read import data_files, detect_format, expand_paths, read_corpus
-from raylm.errors import InputError
+from raylm.errors import InputError, RaylmError
 from raylm.storage.atomic import write_atomic
 from raylm.storage.location import has_wildcards, is_uri, location, split_query
 
@@ -64,6 +64,8 @@ def test_a_question_mark_starts_a_uri_query_only_before_a_name_and_equals(s3):
     assert not has_wildcards(f"s3://b/dir/part-0.parquet{options}") and has_wildcards("s3://b/dir/part-?.parquet")
     assert has_wildcards("/data/shard-?.txt") and split_query("s3://b/what?.txt") == ("s3://b/what?.txt", "")
     assert detect_format(f"s3://b/dir/*.parquet{options}") == "parquet"
+    with pytest.raises(RaylmError, match=r"^corpus 's3://\*\*\*@b\*/x.parquet': a wildcard must follow the bucket"):
+        expand_paths("s3://K:S*@b*/x.parquet")
     assert is_uri("s3://b/x") and is_uri("file:///tmp/x") and not is_uri("data/s3://x") and not is_uri("/tmp/x")
     put_parquet(s3, "dir/part-0.parquet", ["a"])
     put_parquet(s3, "dir/part-1.parquet", ["b"])

@@ -198,8 +198,8 @@ def has_wildcards(where: str) -> bool:
 def expand(where: str, what: str = "input") -> list[Location]:
     """The Locations a path, URI or glob names, for reading: a glob, what it matches, sorted (none if nothing
     does; a URI's glob matches files alone, an object store having no directories); anything else, itself,
-    whether it exists or not. A local `~` is the home directory, as in a shell. The
-    Locations of a URI share the filesystem its text was parsed to, credentials and query options included."""
+    whether it exists or not. A local `~` is the home directory, as in a shell. The Locations of a URI share the
+    filesystem its text was parsed to, credentials and query options included."""
     if not is_uri(where):
         where = os.path.expanduser(where)
         if not has_wildcards(where):
@@ -208,9 +208,11 @@ def expand(where: str, what: str = "input") -> list[Location]:
     if not has_wildcards(where):
         return [location(where, what)]
     uri, query = split_query(where)
-    path_start = uri.find("/", _SCHEME.match(uri).end())  # after the authority (bucket, host, credentials)
-    first = min(i for i in (uri.find(c, max(path_start, 0)) for c in WILDCARDS) if i >= 0)
-    if path_start < 0 or first <= path_start:
+    authority = _SCHEME.match(uri).end()
+    path_start = uri.find("/", authority)  # after the bucket or host (and any credentials, which may hold a '*')
+    host = uri.rfind("@", authority, path_start if path_start >= 0 else len(uri)) + 1 or authority
+    first = min(i for i in (uri.find(c, host) for c in WILDCARDS) if i >= 0)
+    if path_start < 0 or first < path_start:
         raise RaylmError(f"{what} '{redact(where)}': a wildcard must follow the bucket or host, in the path")
     cut = uri.rfind("/", 0, first)
     base = location(uri[:cut] + (f"?{query}" if query else ""), what)
