@@ -20,6 +20,7 @@ from test_compare import CORPUS_FILES, _write_run, built, compared, corpus_runs,
 from raylm.cli import main
 from raylm.compare.find import find_runs
 from raylm.compare.page import report_page
+from raylm.compare.run import Run
 from raylm.results.distributions import PER_CHARACTER, SUMMED, choice_scores
 
 CHROMIUM = "/usr/bin/chromium"
@@ -247,6 +248,15 @@ def test_the_page_loads_nothing_and_escapes_what_results_say(runs, tmp_path):
         for name in ("src", "href", "xlink:href"):
             assert (attrs.get(name) or "#").startswith("#"), (tag, attrs)  # links inside the page only
     assert not re.search(r"url\((?!#)", text) and "@import" not in text  # clip paths by id, no fetched style
+
+
+def test_a_corpus_uri_a_results_file_holds_is_shown_without_its_secret():
+    """A results file written before corpus URIs were stored redacted may hold the secret: the page never does."""
+    uri = "s3://AKIDPAGE:page%2BSecret@corpora/mix/*.parquet?endpoint_override=http://127.0.0.1:9000"
+    text, refused = report_page([Run("ppl-run", {"results": {}, "config": {"command": "ppl", "data": uri}}, {})])
+    shown = "s3://***@corpora/mix/*.parquet?endpoint_override=http://127.0.0.1:9000"
+    assert refused is None and dict(Page(text).tables["config-0"])["data"] == shown
+    assert "AKIDPAGE" not in text and "Secret" not in text
 
 
 def test_runs_without_samples_are_shown_and_the_refusal_said(runs, tmp_path, capsys):

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from conftest import DATA
+from conftest import DATA, run_cli
 from test_probe import PROBES
 
 import raylm
@@ -364,6 +364,36 @@ def test_ppl_and_kl_write_to_s3(ray_session, tiny_llama, s3, tmp_path, capsys):
         assert f"results written to {out}/results.json" in printed
 
 
+def test_ppl_reads_a_corpus_uri_with_credentials_and_shows_them_nowhere(tiny_llama, s3, s3_server, tmp_path,
+                                                                        monkeypatch, capsys):
+    """The corpus's key and endpoint in its URI alone (the environment names neither): the command reads the files,
+    and what it prints and stores shows the URI as `s3://***@...`, a glob that matches nothing included."""
+    bucket = s3[len("s3://"):]
+    texts = ["a tiny first document", "the second one", "and a third"]
+    for name, part in (("a", texts[:2]), ("b", texts[2:])):
+        write_atomic(location(f"{s3}/mix/{name}.jsonl"), "".join(json.dumps({"text": t}) + "\n" for t in part).encode())
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name)
+    options = f"?endpoint_override={s3_server}"
+    corpus, out = with_credentials(f"{s3}/mix/*.jsonl") + options, tmp_path / "out"
+    ran = run_cli("ppl", "--model", str(tiny_llama), "--data", corpus, "--max-length", "32", "--actors", "1",
+                  "--output", str(out), "--no-progress")
+    assert ran.returncode == 0, ran.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["data"] == f"s3://***@{bucket}/mix/*.jsonl{options}"
+    assert results["results"]["ppl"]["docs"] == 3
+    samples = pq.read_table(out / "samples" / "ppl.parquet")
+    assert samples["path"].to_pylist() == [f"{bucket}/mix/a.jsonl"] * 2 + [f"{bucket}/mix/b.jsonl"]
+    assert main(["ppl", "--model", str(tiny_llama), "--data", corpus.replace("*.jsonl", "*.parquet"),
+                 "--output", str(tmp_path / "missing"), "--no-progress"]) == 2
+    missing = capsys.readouterr()
+    assert missing.err.strip().splitlines()[-1] == (
+        f"raylm: error: s3://***@{bucket}/mix/*.parquet{options}: no files match")
+    stored = b"".join(p.read_bytes() for p in out.rglob("*") if p.is_file()).decode(errors="replace")
+    for text in (ran.stdout, ran.stderr, missing.out, missing.err, stored):
+        assert KEY not in text and SECRET not in text and quote(SECRET, safe="") not in text
+
+
 def test_probe_writes_to_s3(tiny_bert, s3, tmp_path, capsys):
     path, out = tmp_path / "probes.yaml", f"{s3}/probe"
     path.write_text(PROBES)
@@ -377,14 +407,19 @@ def test_probe_writes_to_s3(tiny_bert, s3, tmp_path, capsys):
 
 
 def test_contamination_and_membership_write_to_s3(ray_session, tiny_llama, s3, tmp_path, capsys):
+    """The corpus on S3 too, its credentials in its URI: contamination.json records it as `s3://***@...`."""
     query = native_queries("winogrande", DATA)[0]
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text(json.dumps({"text": "unrelated words only"}) + "\n" + json.dumps({"text": query}) + "\n")
+    corpus = f"{s3}/corpus/part-0.jsonl"
+    write_atomic(location(corpus), (json.dumps({"text": "unrelated words only"}) + "\n" +
+                                    json.dumps({"text": query}) + "\n").encode())
     out = f"{s3}/contamination"
-    assert main(["contamination", "--tasks", "winogrande", "--corpus", str(corpus), "--data-dir", str(DATA),
-                 "--limit", "2", "--actors", "1", "--output", out, "--no-progress"]) == 0
-    printed = capsys.readouterr().out
+    assert main(["contamination", "--tasks", "winogrande", "--corpus", with_credentials(f"{s3}/corpus/*.jsonl"),
+                 "--data-dir", str(DATA), "--limit", "2", "--actors", "1", "--output", out, "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    printed = captured.out
     report = read_json(f"{out}/contamination.json")
+    assert report["config"]["corpus"] == [f"s3://***@{s3[len('s3://'):]}/corpus/*.jsonl"]
+    assert KEY not in printed + captured.err + location(f"{out}/contamination.json").read_text()
     assert report["tasks"]["winogrande"]["dirty"] == 1
     assert any(line.startswith("| winogrande") and line.split("|")[2:4] == [f" {2:>9} ", f" {1:>7} "]
                for line in printed.splitlines())

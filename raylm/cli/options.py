@@ -7,6 +7,7 @@ from pathlib import Path
 
 from raylm.cluster.runtime import PLACEMENT_WAIT_S
 from raylm.models.spec import DTYPES, PLL_VARIANTS, SCORERS, ModelSpec
+from raylm.storage.location import is_uri
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +66,7 @@ def task_names(values: str | list[str]) -> tuple[str, ...]:
 def output_arg(text: str) -> Path | str:
     """--output: a local directory, or a filesystem URI (s3://bucket/run, raylm.storage.location) kept as written,
     since a Path would fold its `//` into one and name a local directory `s3:`."""
-    return text if "://" in text else Path(text)
+    return text if is_uri(text) else Path(text)
 
 
 def add_output_option(parser: argparse.ArgumentParser, default: Path | None, what: str) -> None:

@@ -23,7 +23,7 @@ from raylm.compare.run import Run
 from raylm.compare.statistics import Z95, shown_stderr
 from raylm.errors import RaylmError
 from raylm.results.distributions import ChoiceScores, choice_scores, draw_choice_scores, holds_choice_scores, score_bins
-from raylm.storage.location import Location
+from raylm.storage.location import Location, redact
 
 # The config keys shown up front, in this order, where a run has them (raylm's and lm-eval's results files
 # differ); the whole config is on the page too, folded.
@@ -149,10 +149,11 @@ def _run_section(i: int, run: Run) -> str:
     shown = [(key, config[key]) for key in CONFIG_KEYS if key in config]
     shown += [(key, results[key]) for key in ("n-shot", "date", "git_hash", "total_evaluation_time_seconds")
               if results.get(key) not in (None, {})]
-    rows = "".join(f"<tr><th>{_e(key)}</th><td>{_e(_text(value))}</td></tr>" for key, value in shown)
+    # A results file written before URIs were stored redacted may hold a corpus URI's secret: the page never does.
+    rows = "".join(f"<tr><th>{_e(key)}</th><td>{_e(redact(_text(value)))}</td></tr>" for key, value in shown)
     parts += ["<h3>Config</h3>", f'<table id="config-{i}" class="config">{rows}</table>',
               "<details><summary>every config key</summary><pre>"
-              f"{_e(json.dumps(config, indent=2, default=str))}</pre></details>"]
+              f"{_e(redact(json.dumps(config, indent=2, default=str)))}</pre></details>"]
     return "\n".join(parts)
 
 

@@ -17,7 +17,7 @@ import raylm
 from raylm.contamination.scan import MATCHES, ScanConfig, ScanResult, run_scan
 from raylm.results.contamination import CONTAMINATION_JSON, query_digest
 from raylm.storage.atomic import write_atomic
-from raylm.storage.location import Location, location
+from raylm.storage.location import Location, location, redact
 from raylm.storage.lock import output_lock
 from raylm.storage.ownership import check_results_owner
 
@@ -89,7 +89,7 @@ def contamination_dict(result: ScanResult) -> dict[str, Any]:
         "corpus": {"files": result.files, "rows": result.corpus_rows, "bytes": result.corpus_bytes,
                    "task_ngrams": result.index.ngram_count, "match_rows": result.match_rows,
                    "hash_collisions": result.collisions},
-        "config": {"command": "contamination", "tasks": list(cfg.tasks), "corpus": list(cfg.corpus),
+        "config": {"command": "contamination", "tasks": list(cfg.tasks), "corpus": [redact(c) for c in cfg.corpus],
                    "format": cfg.fmt, "text_column": cfg.text_column, "ngram": n,
                    "data_dir": str(cfg.data_dir) if cfg.data_dir else None,
                    "include_path": str(cfg.include_path) if cfg.include_path else None, "limit": cfg.limit,

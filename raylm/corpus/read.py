@@ -5,14 +5,12 @@ Parquet and JSONL rows (JSONL also gzip'd, as `.jsonl.gz`: Paloma's shards) are 
 plain-text file is one document per non-empty line: Ray's text reader splits a file into lines, and lines are
 the largest unit that can stream without holding a whole file's worth of grouping state (each text file is
 still read whole, so a single multi-GB .txt file needs that much memory; split it into shards). Paths are local
-or any pyarrow filesystem URI (s3://, gs://, ...), with globs.
+or any filesystem URI (s3://, gs://, ...), with globs, parsed once, by raylm.storage.location: the files are read
+through the filesystem their URI names, credentials and query options included, and the URI is shown redacted.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import glob
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +18,7 @@ import pyarrow.fs
 
 from raylm.errors import InputError
 from raylm.results.corpus_labels import PATH_DOMAIN
+from raylm.storage.location import Location, expand, is_uri, redact, split_query, without_secrets
 
 if TYPE_CHECKING:
     import ray.data
@@ -30,32 +29,22 @@ _SUFFIXES = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".jsonl
 
 
 def detect_format(data: str) -> str:
-    """The format named by the path's extension (glob or file); a directory needs --format."""
-    name = data.rstrip("/").rsplit("/", 1)[-1].lower()
+    """The format named by the path's extension (glob or file; a URI's query options aside); a directory needs
+    --format."""
+    path = split_query(data)[0] if is_uri(data) else data
+    name = path.rstrip("/").rsplit("/", 1)[-1].lower()
     for suffix, fmt in _SUFFIXES.items():
         if name.endswith(suffix):
             return fmt
-    raise InputError(data, "cannot tell the format from the file name; pass --format parquet, jsonl or txt")
+    raise InputError(redact(data), "cannot tell the format from the file name; pass --format parquet, jsonl or txt")
 
 
-def expand_paths(data: str) -> list[str]:
-    """A glob -> the sorted files it matches (Ray's readers take files and directories, not patterns)."""
-    if not any(c in data for c in "*?["):
-        return [data]
-    if "://" not in data:
-        paths = sorted(glob.glob(os.path.expanduser(data), recursive=True))
-    else:
-        scheme, rest = data.split("://", 1)
-        base = rest[:min(rest.find(c) for c in "*?[" if c in rest)].rsplit("/", 1)[0]
-        try:
-            fs, root = pyarrow.fs.FileSystem.from_uri(f"{scheme}://{base}")
-            infos = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))
-        except (OSError, ValueError) as e:
-            raise InputError(data, f"cannot list files: {_first_line(e)}") from e
-        paths = sorted(f"{scheme}://{i.path}" for i in infos
-                       if i.type == pyarrow.fs.FileType.File and _glob_match(i.path, rest))
+def expand_paths(data: str) -> list[Location]:
+    """A path, URI or glob -> what it names (Ray's readers take files and directories, not patterns), each on the
+    filesystem its URI was parsed to, so that the URI's credentials and query options reach the read."""
+    paths = expand(data, "corpus")
     if not paths:
-        raise InputError(data, "no files match")
+        raise InputError(redact(data), "no files match")
     return paths
 
 
@@ -63,27 +52,19 @@ def data_files(data: str | Sequence[str]) -> list[dict[str, Any]]:
     """Every file the corpus reads, with its size and modification time: what a checkpoint keys the data by, so
     that a file replaced, grown or touched since is noticed. A directory counts as the files under it."""
     out = []
-    for path in [p for d in ([data] if isinstance(data, str) else data) for p in expand_paths(d)]:
+    for where in [p for d in ([data] if isinstance(data, str) else data) for p in expand_paths(d)]:
         try:
-            fs, root = pyarrow.fs.FileSystem.from_uri(path) if "://" in path else (
-                pyarrow.fs.LocalFileSystem(), os.path.abspath(os.path.expanduser(path)))
-            info = fs.get_file_info(root)
-            infos = (fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))
+            info = where.fs.get_file_info(where.path)
+            infos = (where.fs.get_file_info(pyarrow.fs.FileSelector(where.path, recursive=True))
                      if info.type == pyarrow.fs.FileType.Directory else [info])
         except (OSError, ValueError) as e:
-            raise InputError(path, f"cannot read the corpus: {_first_line(e)}") from e
+            raise InputError(str(where), f"cannot read the corpus: {_first_line(e)}") from e
         for i in sorted(infos, key=lambda i: i.path):
             if i.type == pyarrow.fs.FileType.NotFound:
-                raise InputError(path, "cannot read the corpus: no such file")
+                raise InputError(str(where), "cannot read the corpus: no such file")
             if i.type == pyarrow.fs.FileType.File:
                 out.append({"path": i.path, "size": i.size, "mtime_ns": i.mtime_ns})
     return out
-
-
-def _glob_match(path: str, pattern: str) -> bool:
-    """Glob semantics for listed paths: `*` stays within one directory unless the pattern has `**`."""
-    same_depth = "**" in pattern or path.count("/") == pattern.count("/")
-    return same_depth and fnmatch.fnmatch(path, pattern)
 
 
 def read_corpus(data: str | Sequence[str], fmt: str = "auto", text_column: str = "text",
@@ -97,27 +78,32 @@ model actors that hold every CPU wait for the rows."""
     import ray.data  # here, not at the top: it takes a second to import and `raylm eval` never needs it
 
     sources = [data] if isinstance(data, str) else list(data)
-    data = ", ".join(sources)
+    data = redact(", ".join(sources))
     formats = {detect_format(d) if fmt == "auto" else fmt for d in sources}
     if len(formats) > 1:
         raise InputError(data, f"the paths hold different formats ({', '.join(sorted(formats))}); pass one format "
                                "at a time")
     fmt = formats.pop()
-    paths = [p for d in sources for p in expand_paths(d)]
+    located = [p for d in sources for p in expand_paths(d)]
+    fs = located[0].fs
+    if not all(p.fs.equals(fs) for p in located[1:]):
+        raise InputError(data, "the paths are on different filesystems (or open them with different options); "
+                               "read one at a time")
+    # The filesystem the URI was parsed to, with its credentials and options: Ray would parse a URI again.
+    paths, common = [p.path for p in located], {"include_paths": True, "filesystem": fs, "num_cpus": read_cpus}
     try:
         if fmt == "parquet":
-            ds = ray.data.read_parquet(paths, include_paths=True, num_cpus=read_cpus)
+            ds = ray.data.read_parquet(paths, **common)
         elif fmt == "jsonl":
-            ds = ray.data.read_json(paths, include_paths=True, num_cpus=read_cpus)
+            ds = ray.data.read_json(paths, **common)
         elif fmt == "txt":
-            ds = ray.data.read_text(paths, include_paths=True, drop_empty_lines=not keep_empty_lines,
-                                    num_cpus=read_cpus)
+            ds = ray.data.read_text(paths, drop_empty_lines=not keep_empty_lines, **common)
             text_column = "text"
         else:
             raise InputError(data, f"unknown format '{fmt}' (use {', '.join(FORMATS)})")
         schema = ds.schema()
     except (FileNotFoundError, OSError, ValueError) as e:
-        raise InputError(data, f"cannot read the corpus: {_first_line(e)}") from e
+        raise InputError(data, f"cannot read the corpus: {without_secrets(_first_line(e), ', '.join(sources))}") from e
     if schema is None:
         raise InputError(data, "the corpus has no rows")
     if text_column not in schema.names:

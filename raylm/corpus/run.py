@@ -45,7 +45,7 @@ from raylm.results.report import prefix_sharing, run_config
 from raylm.results.sums import CorpusSums
 from raylm.scoring.mlm import MASKED_PREFIX_SHARING
 from raylm.storage.atomic import write_atomic
-from raylm.storage.location import Location, location
+from raylm.storage.location import Location, location, redact
 from raylm.storage.lock import output_lock
 from raylm.storage.ownership import RESULTS, check_results_owner
 
@@ -342,7 +342,7 @@ def _stream(batches: Iterator[pa.Table], samples: Location, cfg: CorpusConfig, c
             time.sleep(delay)
         sums = total.value()
         if not sums.get("tokens"):
-            raise RaylmError(f"{cfg.data}: the corpus has no text to score "
+            raise RaylmError(f"{redact(cfg.data)}: the corpus has no text to score "
                              f"({int(sums.get('docs', 0))} documents, 0 tokens)")
     checkpoint.save(final=True)
     return sums, {name: d.value() for name, d in domains.items()}, sorted(verdicts), resumed
@@ -360,7 +360,8 @@ def results_dict(result: CorpusResult) -> dict[str, Any]:
         "config": run_config(
             cfg.model, result.wall_s, command=cfg.kind, model_b=cfg.model_b.path if cfg.model_b else None,
             model_b_args=cfg.model_b.as_dict() if cfg.model_b else None,
-            **{k: v for k, v in asdict(cfg).items() if k not in ("model", "model_b", "max_length", "stride")},
+            data=redact(cfg.data),  # as every stored URI, less its secrets (raylm.storage.location)
+            **{k: v for k, v in asdict(cfg).items() if k not in ("model", "model_b", "data", "max_length", "stride")},
             max_length=result.max_length, stride=result.stride, prefix_sharing=result.prefix_sharing,
             scorer=result.scorer, pll=cfg.model.pll if result.scorer == "mlm" else None,
             model_commit=result.commits[0], model_b_commit=result.commits[1] if cfg.model_b else None,

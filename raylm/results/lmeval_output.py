@@ -20,7 +20,7 @@ from typing import Any
 
 from raylm.errors import RaylmError
 from raylm.storage.atomic import write_atomic
-from raylm.storage.location import Location, location
+from raylm.storage.location import Location, is_uri, location, split_query
 
 WORK_DIR = ".raylm"
 
@@ -36,8 +36,8 @@ def model_name(model_args: dict[str, Any]) -> str:
 
 def _join(base: str, *names: str) -> str:
     """A local path or URI with names appended, its query (`?endpoint=...`) kept last."""
-    path, sep, query = base.partition("?") if "://" in base else (base, "", "")
-    return posixpath.join(path, *names) + sep + query
+    path, query = split_query(base) if is_uri(base) else (base, "")
+    return posixpath.join(path, *names) + (f"?{query}" if query else "")
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Layout:
 
     @classmethod
     def of(cls, output_path: str, model_args: dict[str, Any]) -> Layout:
-        base = output_path.partition("?")[0] if "://" in output_path else output_path
+        base = split_query(output_path)[0] if is_uri(output_path) else output_path
         if PurePosixPath(base).suffix == ".json":  # EvaluationTracker's test, on the path as given
             parent = posixpath.dirname(base.rstrip("/")) or "."
             query = output_path[len(base):]

@@ -9,10 +9,17 @@ GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_ACCOUNT_KEY), or from the URI itse
 one parser, pyarrow's `FileSystem.from_uri`, reads every URI, endpoint (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL) and
 query options (`?region=`, `?endpoint_override=`) included. A secret in a URI stays with the filesystem client: a
 Location shows its URI redacted (`redact`), and so does everything raylm prints, logs or writes.
+
+Inputs go through here too: a corpus is one or more paths, URIs or globs (`s3://KEY:SECRET@bucket/dir/*.parquet`),
+each expanded (`expand`) to Locations whose filesystem carries the URI's credentials and query options to the
+read. A glob is read as a shell reads one; in a URI, a `?` followed by `name=` starts the query options, any other
+`?` is a wildcard.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import glob
 import os
 import re
 import tempfile
@@ -31,6 +38,10 @@ from raylm.storage.filesystems import rename_file, renames_directories
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s@:]*:[^\s@]*@")
 _SECRET_QUERY = re.compile(r"(?P<name>[?&][^=&\s]*(?:key|secret|token|password|passwd|sig|credential)[^=&\s]*=)"
                            r"[^&\s]*", re.IGNORECASE)
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+# Where a URI's query options begin: the first '?' followed by a name and '=' (`?endpoint_override=...`).
+_QUERY_START = re.compile(r"\?(?=[A-Za-z_][A-Za-z0-9_.-]*=)")
+WILDCARDS = "*?["
 
 
 class Location:
@@ -138,14 +149,21 @@ class Location:
         self.fs.delete_dir(self.path)
 
 
-def location(where: str | os.PathLike[str] | Location) -> Location:
-    """The Location of a local path or a filesystem URI; a Location is returned as it is."""
+def is_uri(text: str) -> bool:
+    """Whether text names a filesystem URI (`scheme://...`) rather than a local path: the one rule every stage
+    tells them apart by, so that no two stages can disagree about the same text."""
+    return _SCHEME.match(text) is not None
+
+
+def location(where: str | os.PathLike[str] | Location, what: str = "output") -> Location:
+    """The Location of a local path or a filesystem URI; a Location is returned as it is. `what` names the path
+    in the one-line error of a URI that cannot be opened (an output, a corpus)."""
     if isinstance(where, Location):
         return where
     text = os.fspath(where)
-    if "://" not in text:
+    if not is_uri(text):
         if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/(?!/)", text):
-            raise RaylmError(f"output '{redact(text)}' looks like a storage URI whose '//' was folded into '/' (a "
+            raise RaylmError(f"{what} '{redact(text)}' looks like a storage URI whose '//' was folded into '/' (a "
                              f"Path does that): pass it as a string, e.g. '{redact(text.replace(':/', '://', 1))}'")
         return Location(pafs.LocalFileSystem(), os.path.abspath(text), text)
     shown = redact(text)
@@ -159,8 +177,56 @@ def location(where: str | os.PathLike[str] | Location) -> Location:
             fs, path = _fsspec(text)
     except (OSError, ValueError, ImportError, pa.ArrowException) as e:
         # Not chained: the client's own error may quote the secret, and a traceback would show it.
-        raise RaylmError(f"cannot open output '{shown}': {_without_secrets(str(e), text)}") from None
+        raise RaylmError(f"cannot open {what} '{shown}': {without_secrets(str(e), text)}") from None
     return Location(fs, path, base, query)
+
+
+def split_query(uri: str) -> tuple[str, str]:
+    """A URI's part before its query options, and the options ('' if none). The options begin at the first '?'
+    followed by `name=`; a '?' elsewhere (`shard-?.parquet`) belongs to the path, where a glob reads it."""
+    match = _QUERY_START.search(uri)
+    return (uri[:match.start()], uri[match.end():]) if match else (uri, "")
+
+
+def has_wildcards(where: str) -> bool:
+    """Whether a path or URI is a glob: a wildcard in its path, never one in a URI's query options."""
+    return any(c in (split_query(where)[0] if is_uri(where) else where) for c in WILDCARDS)
+
+
+def expand(where: str, what: str = "input") -> list[Location]:
+    """The Locations a path, URI or glob names, for reading: a glob, what it matches, sorted (none if nothing
+    does; a URI's glob matches files alone, an object store having no directories); anything else, itself,
+    whether it exists or not. A local `~` is the home directory, as in a shell. The Locations of a URI share the
+    filesystem its text was parsed to, credentials and query options included."""
+    if not is_uri(where):
+        where = os.path.expanduser(where)
+        if not has_wildcards(where):
+            return [location(where, what)]
+        return [location(p, what) for p in sorted(glob.glob(where, recursive=True))]
+    if not has_wildcards(where):
+        return [location(where, what)]
+    uri, query = split_query(where)
+    authority = _SCHEME.match(uri).end()
+    path_start = uri.find("/", authority)  # after the bucket or host (and any credentials, which may hold a '*')
+    host = uri.rfind("@", authority, path_start if path_start >= 0 else len(uri)) + 1 or authority
+    first = min(i for i in (uri.find(c, host) for c in WILDCARDS) if i >= 0)
+    if path_start < 0 or first < path_start:
+        raise RaylmError(f"{what} '{redact(where)}': a wildcard must follow the bucket or host, in the path")
+    cut = uri.rfind("/", 0, first)
+    base = location(uri[:cut] + (f"?{query}" if query else ""), what)
+    pattern = uri[cut + 1:]
+    try:
+        infos = base.fs.get_file_info(pafs.FileSelector(base.path, allow_not_found=True, recursive=True))
+    except (OSError, ValueError, pa.ArrowException) as e:
+        raise RaylmError(f"cannot list {what} '{redact(where)}': {without_secrets(str(e), where)}") from None
+    names = sorted(i.path[len(base.path) + 1:] for i in infos if i.type == pafs.FileType.File)
+    return [base / name for name in names if _glob_match(name, pattern)]
+
+
+def _glob_match(path: str, pattern: str) -> bool:
+    """A shell's glob semantics for listed paths: `*` stays within one directory unless the pattern has `**`."""
+    same_depth = "**" in pattern or path.count("/") == pattern.count("/")
+    return same_depth and fnmatch.fnmatchcase(path, pattern)
 
 
 def redact(text: str) -> str:
@@ -169,8 +235,9 @@ def redact(text: str) -> str:
     return _SECRET_QUERY.sub(r"\g<name>***", _USERINFO.sub(r"\g<scheme>***@", text))
 
 
-def _without_secrets(message: str, uri: str) -> str:
-    """A filesystem client's error about `uri`, which may quote its secrets in any form (whole, split, decoded)."""
+def without_secrets(message: str, uri: str) -> str:
+    """A filesystem client's error about `uri` (or text holding several URIs), which may quote their secrets in any
+    form (whole, split, decoded)."""
     secrets = {m.group(0)[len(m.group("scheme")):-1] for m in _USERINFO.finditer(uri)}
     secrets |= {m.group(0)[len(m.group("name")):] for m in _SECRET_QUERY.finditer(uri)}
     for secret in sorted(secrets | {unquote(s) for s in secrets}, key=len, reverse=True):

@@ -33,6 +33,7 @@ from raylm.models.spec import (
     check_dtype,
     looks_local,
 )
+from raylm.storage.location import has_wildcards, is_uri
 from raylm.tasks import TASKS
 from raylm.tasks.lmeval.selection import refuse_native_clash
 
@@ -195,10 +196,10 @@ def _corpora(r: NodeReader, node: yaml.Node, base: Path) -> tuple[SweepCorpus, .
 def _corpus_data(r: NodeReader, node: yaml.Node, base: Path, key: str) -> str:
     """A storage URI as it is; a local path or glob relative to the sweep file, a plain path that must exist."""
     value = r.typed(node, key, str, "a path, glob or storage URI")
-    if "://" in value:
+    if is_uri(value):
         return value
     path = base / Path(value).expanduser()
-    if not any(c in value for c in "*?[") and not path.exists():
+    if not has_wildcards(value) and not path.exists():
         raise r.fail(node, key, f"'{path}' does not exist")
     return os.path.abspath(path)
 
