@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import DATA
 
@@ -110,15 +112,73 @@ def test_ctrl_c_while_scoring_stops_in_one_line_and_the_rerun_resumes(ray_sessio
     assert json.loads((out / "results.json").read_text())["results"]["hellaswag"]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_while_waiting_for_placement_stops_in_one_line(held_cluster, tiny_llama, tmp_path, signum):
+def ppl_args(model: Path, corpus: Path, out: Path) -> list[str]:
+    return ["ppl", "--model", str(model), "--data", str(corpus), "--max-length", "32", "--no-progress",
+            "--output", str(out)]
+
+
+@pytest.mark.parametrize("command,signum", [("eval", signal.SIGINT), ("eval", signal.SIGTERM),
+                                            ("ppl", signal.SIGINT)])
+def test_a_signal_while_waiting_for_placement_or_reading_stops_in_one_line(held_cluster, tiny_llama, tmp_path,
+                                                                           command, signum):
+    """eval waits for its actor; ppl for its read tasks and its actor pool."""
     out, log = tmp_path / "out", tmp_path / "run.log"
-    proc = start(eval_args(tiny_llama, out), log, {"RAY_ADDRESS": held_cluster})
+    if command == "eval":
+        args = eval_args(tiny_llama, out)
+    else:
+        corpus = tmp_path / "corpus.parquet"
+        pq.write_table(pa.table({"text": ["one document", "and another"]}), corpus)
+        args = ppl_args(tiny_llama, corpus, out)
+    proc = start(args, log, {"RAY_ADDRESS": held_cluster})
     wait_for(proc, log, lambda: "placement: " in log.read_text(), "placement")
-    time.sleep(1)  # into the wait for the actor
+    time.sleep(1)  # into the wait
     code, lines = stop(proc, log, signum)
     assert code == 128 + signum
     assert lines[-1].startswith(f"raylm: {signal.Signals(signum).name} received, stopped; "), lines[-5:]
+
+
+SLOW_TASK = """\
+task: slow_build
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: 0
+process_docs: !function slow.process
+metric_list:
+  - metric: acc
+"""
+SLOW_PY = """\
+import os, pathlib, time
+
+
+def process(dataset):
+    pathlib.Path(os.environ["SLOW_BUILD_MARKER"]).touch()
+    time.sleep(300)
+    return dataset
+"""
+
+
+def test_ctrl_c_while_an_lmeval_task_builds_stops_in_one_line(held_cluster, tiny_llama, tmp_path):
+    """A task of the user's own whose documents take long to process: the build runs on the driver's tokenising
+    thread, which the stop does not wait for."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "docs.jsonl").write_text(json.dumps({"question": "Is it?", "choices": ["yes", "no"]}) + "\n")
+    (tasks / "slow_build.yaml").write_text(SLOW_TASK.format(data=tasks / "docs.jsonl"))
+    (tasks / "slow.py").write_text(SLOW_PY)
+    out, log, marker = tmp_path / "out", tmp_path / "run.log", tmp_path / "building"
+    proc = start(["eval", "--model", str(tiny_llama), "--tasks", "slow_build", "--include-path", str(tasks),
+                  "--no-progress", "--output", str(out)], log,
+                 {"RAY_ADDRESS": held_cluster, "SLOW_BUILD_MARKER": str(marker)})
+    wait_for(proc, log, marker.exists, "build")
+    code, lines = stop(proc, log, signal.SIGINT)
+    assert code == 128 + signal.SIGINT
+    assert lines[-1].startswith("raylm: SIGINT received, stopped; "), lines[-5:]
 
 
 def test_a_sweep_whose_model_threads_wait_on_ray_stops_on_sigterm(held_cluster, tiny_llama, tiny_gpt2, tmp_path):

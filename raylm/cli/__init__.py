@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from raylm.cli.compare import add_compare_command
@@ -23,7 +24,7 @@ from raylm.cli.probe import add_probe_command
 from raylm.cli.report import add_report_command
 from raylm.cli.sweep import add_sweep_command
 from raylm.data.demo import DEMO_MODEL
-from raylm.errors import RaylmError, RemoteError
+from raylm.errors import RaylmError, RemoteError, first_line
 from raylm.storage.atomic import write_atomic
 from raylm.storage.location import location
 
@@ -92,31 +93,54 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "eval" and args.verbosity:
         set_verbosity(args.verbosity)
-    from raylm.cluster.waiting import watch, wind_down
+    from raylm.cluster.waiting import Watchdog, stall_timeout, watch, wind_down
 
-    signal.signal(signal.SIGTERM, _interrupt)
+    global _signal_seen
+    _signal_seen = None
+    handlers = _take_signals()
+    watchdog: Watchdog | None = None
     try:
-        with watch() as watchdog:
+        watchdog = Watchdog(stall_timeout())
+        with watch(watchdog):
             return getattr(args, "run", run_eval)(args)
-    except KeyboardInterrupt:
+    except BaseException as e:
+        stall = watchdog.reason if watchdog is not None else None
+        if not (isinstance(e, KeyboardInterrupt) or _signal_seen is not None or stall is not None):
+            if isinstance(e, RaylmError):
+                print(f"raylm: error: {error_message(e, output_dir(args))}", file=sys.stderr)
+                return 2
+            raise
+        if not isinstance(e, KeyboardInterrupt):  # what the stop made a stage raise on its way out
+            logging.getLogger(__name__).warning("while stopping: %s", first_line(e))
         wind_down()
-        if watchdog.reason is not None:
-            print(f"raylm: error: {watchdog.reason}; {kept(args)}", file=sys.stderr)
+        if stall is not None:
+            print(f"raylm: error: {stall}; {kept(args)}", file=sys.stderr)
             return 1
-        print(f"raylm: {signal.Signals(_signal_seen or signal.SIGINT).name} received, stopped; {kept(args)}",
-              file=sys.stderr)
-        return 128 + (_signal_seen or signal.SIGINT)
-    except RaylmError as e:
-        print(f"raylm: error: {error_message(e, output_dir(args))}", file=sys.stderr)
-        return 2
+        signum = _signal_seen or signal.SIGINT
+        print(f"raylm: {signal.Signals(signum).name} received, stopped; {kept(args)}", file=sys.stderr)
+        return 128 + signum
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
 
 
 _signal_seen: int | None = None
 
 
+def _take_signals() -> dict[int, object]:
+    """SIGINT (Ctrl-C) and SIGTERM (a job stopped, a pod evicted) both stop a command the same way: the stages save
+    what they have on the way out, then one line says which signal came. A signal the command was started with
+    ignored (a background job's SIGINT) stays ignored. Returns the handlers to put back."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for signum, handler in before.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(signum, _interrupt)
+    return before
+
+
 def _interrupt(signum: int, frame: object) -> None:
-    """SIGTERM (a job stopped, a pod evicted) stops a command as Ctrl-C does: the stages save what they have on the
-    way out, then one line."""
     global _signal_seen
     _signal_seen = signum
     raise KeyboardInterrupt

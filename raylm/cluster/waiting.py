@@ -170,9 +170,9 @@ class Watchdog:
 
 
 @contextmanager
-def watch() -> Iterator[Watchdog]:
+def watch(dog: Watchdog) -> Iterator[Watchdog]:
     """The watchdog over a command's run; it looks at Ray only once the command has connected."""
-    dog = Watchdog(stall_timeout())
+    stopping.clear()
     dog.thread.start()
     try:
         yield dog
