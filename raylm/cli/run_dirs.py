@@ -69,7 +69,7 @@ def eval_dir(cfg: EvalConfig, root: Path | str | None = None) -> Path | str:
     """`raylm eval`'s folder: under `root` (lm-eval's --output_path layout gives one), else raylm-out/<model>."""
     label = [*([_name(cfg.model.peft)] if cfg.model.peft else []), tasks_label(cfg.tasks),
              *([f"{cfg.num_fewshot}shot"] if cfg.num_fewshot is not None else []),
-             *([f"limit{cfg.limit:g}"] if cfg.limit is not None else [])]
+             *([f"limit{cfg.limit}"] if cfg.limit is not None else [])]
     return run_dir(DEFAULT_ROOT / model_folder(cfg.model) if root is None else root, "eval", label,
                    settings(cfg, EVAL_UNKEYED))
 
