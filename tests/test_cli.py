@@ -110,7 +110,7 @@ MODEL_FLAGS = ["--revision", "v2", "--trust-remote-code", "--allow-pickle", "--l
 
 
 @pytest.mark.parametrize("command", ["eval", "ppl", "kl", "probe", "membership"])
-def test_every_command_that_loads_a_model_takes_the_same_model_flags(command, monkeypatch):
+def test_every_command_that_loads_a_model_takes_the_same_model_flags(command, monkeypatch, tmp_path):
     """--revision, --trust-remote-code, --allow-pickle and the quantisation flags mean the same on eval, ppl, kl,
     probe and membership (kl's Q takes all but --revision, which is --model-b-revision)."""
     import raylm.contamination.membership_run
@@ -133,6 +133,7 @@ def test_every_command_that_loads_a_model_takes_the_same_model_flags(command, mo
         seen.append(spec_or_cfg)
         raise Stop
 
+    monkeypatch.chdir(tmp_path)  # the commands make their default output folder before they are stopped
     monkeypatch.setattr(raylm.corpus.run, "run_corpus", capture)
     monkeypatch.setattr(raylm.probe.run, "Prober", capture)
     monkeypatch.setattr(raylm.contamination.membership_run, "run_membership", capture)
@@ -144,3 +145,81 @@ def test_every_command_that_loads_a_model_takes_the_same_model_flags(command, mo
     assert (seen[0].model if command in ("ppl", "kl", "membership") else seen[0]) == expected
     if command == "kl":
         assert seen[0].model_b == ModelSpec("org/q", "float32", "cpu", "v3", True, True, "8bit")
+
+
+QUICKSTART = "eval --model org/m --tasks hellaswag,winogrande --num-fewshot 5"
+
+
+@pytest.mark.parametrize("other,same", [
+    ("--tasks hellaswag winogrande --batch-size 4 --actors 2 --log-samples --no-progress", True),
+    ("--tasks hellaswag", False), ("--num-fewshot 0", False), ("--limit 10", False), ("--seed 1", False),
+    ("--dtype bfloat16", False), ("--revision v2", False), ("--apply-chat-template", False),
+    ("--gen-kwargs temperature=0.5", False), ("--bootstrap-iters 0", False), ("--shard-size 64", False)])
+def test_an_eval_without_output_writes_to_a_folder_named_for_its_model_and_settings(other, same):
+    """The default --output of a command line is a function of its settings alone, the same on every parse; a
+    setting that changes the results changes it, one that does not (batch size, actors, samples) keeps it."""
+    from raylm.cli import config_from_args, parse_args
+    from raylm.cli.run_dirs import eval_dir
+
+    def folder(line: str):
+        return eval_dir(config_from_args(parse_args(line.split())))
+
+    first = folder(QUICKSTART)
+    assert first == folder(QUICKSTART) and first.parent.as_posix() == "raylm-out/org__m"
+    assert first.name.startswith("hellaswag+winogrande-5shot-")
+    assert (folder(f"{QUICKSTART} {other}") == first) is same
+
+
+def test_a_corpus_run_without_output_writes_to_a_folder_named_for_its_model_and_settings():
+    from raylm.cli.run_dirs import corpus_dir
+    from raylm.corpus.run import CorpusConfig
+    from raylm.models.spec import ModelSpec
+
+    def folder(model: str = "org/m", *args, **kwargs):
+        return corpus_dir(CorpusConfig(ModelSpec(model), "corpus/*.parquet", *args, **kwargs))
+
+    assert folder() == folder(actors=4) and folder().parent.as_posix() == "raylm-out/org__m"
+    assert folder().name.startswith("ppl-corpus-")
+    assert len({folder(), folder(stride=64), folder("org/n"), folder("org/m", ModelSpec("org/q"))}) == 4
+
+
+def quickstart(tiny_llama, *extra: str) -> list[str]:
+    return ["eval", "--model", str(tiny_llama), "--data-dir", str(DATA), "--limit", "2", "--device", "cpu",
+            "--no-progress", *extra]
+
+
+def test_quickstart_commands_without_output_sit_side_by_side_and_a_rerun_resumes(tiny_llama, ray_session,
+                                                                                 tmp_path, monkeypatch, capsys):
+    """Two commands with other tasks, run in one working folder without --output, both finish, each in its own
+    folder under raylm-out/<model>/, named where the run starts; the first command again resumes from its own."""
+    from raylm.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    runs = [(main(quickstart(tiny_llama, "--tasks", tasks)), tasks, capsys.readouterr().out)
+            for tasks in ("hellaswag", "winogrande", "hellaswag")]
+    assert [code for code, _, _ in runs] == [0, 0, 0]
+    folders = []
+    for _, tasks, printed in runs:
+        folder = printed.splitlines()[0].removeprefix("writing to ").partition(";")[0]
+        assert printed.rstrip().endswith(f"results written to {folder}/results.json")
+        folders.append(folder)
+        results = json.loads((tmp_path / folder / "results.json").read_text())
+        assert list(results["results"]) == [tasks]
+    assert folders[0] == folders[2] != folders[1]
+    assert all(f.startswith(f"raylm-out/{tiny_llama.name}/") for f in folders)
+    assert results["config"]["shards_resumed"] == results["config"]["shards"] > 0
+
+
+def test_output_path_runs_with_other_tasks_each_add_a_results_file(tiny_llama, ray_session, tmp_path):
+    """lm-eval's --output_path: a second command line with other tasks into the same folder finishes and adds
+    its results file, as lm-eval's does; raylm's own folders sit apart inside."""
+    from lm_eval.utils import sanitize_model_name
+
+    from raylm.cli import main
+
+    for tasks in ("hellaswag", "winogrande"):
+        assert main(quickstart(tiny_llama, "--tasks", tasks, "--output_path", str(tmp_path))) == 0
+    model_dir = tmp_path / sanitize_model_name(str(tiny_llama))
+    files = sorted(model_dir.glob("results_*.json"), key=lambda p: p.stat().st_mtime_ns)
+    assert [list(json.loads(p.read_text())["results"]) for p in files] == [["hellaswag"], ["winogrande"]]
+    assert len(list((model_dir / ".raylm").iterdir())) == 2

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from raylm.cli import config_from_args, main, parse_args
+from raylm.cli.run_dirs import eval_dir
 from raylm.errors import RaylmError
 
-# (lm-eval command line, the raylm settings it must give: EvalConfig fields, "model.<ModelSpec field>", "output")
+# (lm-eval command line, the raylm settings it must give: EvalConfig fields, "model.<ModelSpec field>", "output":
+# the folder raylm's own folder for the line is made in)
 LINES = [
     ("lm_eval --model hf --model_args pretrained=EleutherAI/pythia-160m,dtype=float32 --tasks hellaswag "
      "--device cpu --batch_size 8",
@@ -99,8 +101,8 @@ def settings(line: str):
 
 
 def value(cfg, args, key: str):
-    if key == "output":
-        return args.output
+    if key == "output":  # where this command line's own folder (results.json, the checkpoint) is made
+        return Path(eval_dir(cfg, args.lmeval_layout.work_dir)).parent
     if key.startswith("model."):
         return getattr(cfg.model, key[len("model."):])
     return getattr(cfg, key)

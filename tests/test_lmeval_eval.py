@@ -82,7 +82,7 @@ def cli_run(ray_session, tasks_dir, wandb_dir, tmp_path_factory):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert main(argv) == 0
-    out = lmeval_out / sanitize_model_name(str(STORIES)) / ".raylm"
+    [out] = (lmeval_out / sanitize_model_name(str(STORIES)) / ".raylm").iterdir()  # this command line's own
     return printed.getvalue(), out, json.loads((out / "results.json").read_text())
 
 
@@ -195,13 +195,13 @@ def test_log_samples_writes_lm_evals_logged_fields_per_request_and_document(cli_
     assert native.num_rows == LIMIT  # native, each document with lm-eval's doc_hash (raylm compare)
     assert len(set(native["doc_hash"].to_pylist())) == LIMIT
     # --output_path: lm-eval's own files where its tooling globs them, beside raylm's folder (no jsonl inside it)
-    [results_file] = out.parent.glob("results_*.json")
-    logs = {get_file_task_name(p.name): p for p in out.parent.glob("samples_*.jsonl")}
+    [results_file] = out.parent.parent.glob("results_*.json")
+    logs = {get_file_task_name(p.name): p for p in out.parent.parent.glob("samples_*.jsonl")}
     assert sorted(logs) == sorted(results["configs"]) and not list(out.rglob("*.jsonl"))
     assert {p.stem.rsplit("_", 1)[1] for p in logs.values()} == {results_file.stem.rsplit("_", 1)[1]}
     theirs = json.loads(results_file.read_text())
     assert theirs["results"] == results["results"] and set(theirs["task_hashes"]) == set(logs)
-    assert theirs["model_name_sanitized"] == out.parent.name and theirs["model_source"] == "hf"
+    assert theirs["model_name_sanitized"] == out.parent.parent.name and theirs["model_source"] == "hf"
     assert len(logs["arc_easy_local"].read_text().splitlines()) == LIMIT
 
 

@@ -259,7 +259,8 @@ def test_an_lm_eval_command_line_runs_end_to_end_and_records_the_template(env, r
             str(env["data"]), "--apply_chat_template", "--fewshot_as_multiturn", "--num_fewshot", "2", "--limit", "8", "--output_path",
             str(out), "--log_samples", "--no-progress"]
     assert main(argv) == 0
-    out = out / sanitize_model_name(str(env["models"]["chat"])) / ".raylm"  # raylm's folder in lm-eval's layout
+    # raylm's folder for this command line, in lm-eval's layout
+    [out] = (out / sanitize_model_name(str(env["models"]["chat"])) / ".raylm").iterdir()
     written = json.loads((out / "results.json").read_text())
     assert written["chat_template"] == golden["chat_template"]
     assert written["chat_template_sha"] == golden["chat_template_sha"]

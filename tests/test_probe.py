@@ -100,8 +100,8 @@ def test_probe_file_writes_probabilities_log_ratios_and_a_chart(tiny_bert, tmp_p
 
 
 def test_probe_file_keeps_an_eval_runs_results_in_the_shared_default_directory(tiny_bert, tmp_path, capsys):
-    """`raylm eval` and `raylm probe` both default to raylm-out/: a probe file never writes over an eval's
-    results.json (as ppl and kl never do), and a probe's own results are replaced by its rerun."""
+    """`raylm probe` defaults to raylm-out/, where an eval may have been told to write: a probe file never writes
+    over an eval's results.json (as ppl and kl never do), and a probe's own results are replaced by its rerun."""
     path, out = tmp_path / "probes.yaml", tmp_path / "raylm-out"
     path.write_text(PROBES)
     out.mkdir()

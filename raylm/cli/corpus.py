@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from raylm.cli.options import (add_model_options, add_output_option, add_placement_timeout, add_scorer_options,
                                model_spec)
+from raylm.cli.run_dirs import corpus_dir
 from raylm.corpus import CHECKPOINT_EVERY_S, SCORING_DOCS_PER_BATCH
 from raylm.corpus.read import FORMATS as CORPUS_FORMATS
 from raylm.models.spec import PLL_VARIANTS
@@ -36,8 +36,9 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--limit-docs", type=int, help="first N documents only")
         p.add_argument("--docs-per-batch", type=int, default=SCORING_DOCS_PER_BATCH)
         add_model_options(p)
-        add_output_option(p, Path("raylm-out") / p.prog.split()[-1],
-                          "results.json (default: raylm-out/ppl or raylm-out/kl)")
+        label = "kl-<model b>" if p is kl else "ppl"
+        add_output_option(p, None, "results.json and the checkpoint a rerun resumes from (default: raylm-out/<model>/"
+                                   f"{label}-<data>-<digest>, one per command line)")
         p.add_argument("--overwrite", action="store_true",
                        help="discard results and checkpoint a different run left in --output")
         p.add_argument("--checkpoint-every", type=float, default=CHECKPOINT_EVERY_S, metavar="SECONDS",
@@ -59,6 +60,9 @@ def run_corpus_command(args: argparse.Namespace) -> int:
                        not args.no_progress, args.placement_timeout, args.domain_column, args.overwrite,
                        args.checkpoint_every)
     cfg.validate()
+    if args.output is None:
+        args.output = corpus_dir(cfg)
+        print(f"writing to {args.output}; the same command resumes from it", flush=True)
     out = prepare_output(args.output)
     result = run_corpus(cfg, out)
     metrics = {k: v for k, v in result.metrics.items() if not isinstance(v, dict)}

@@ -4,11 +4,13 @@ in raylm.evaluate."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from raylm.cli.lmeval import PairsAction, parse_pairs, read_samples
 from raylm.cli.options import (add_model_options, add_output_option, add_placement_timeout, add_scorer_options,
                                  model_spec, task_names)
+from raylm.cli.run_dirs import eval_dir
 from raylm.config import (DEFAULT_BOOTSTRAP_ITERS, DEFAULT_FEWSHOT_SEED, DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED,
                           EvalConfig, parse_batch_size)
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
@@ -111,11 +113,12 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     add_model_options(ev)
     ev.add_argument("--data-dir", type=Path, help="a folder with the native tasks' files, laid out as in "
                     "docs/task-options.md (default: the hub)")
-    add_output_option(ev, Path("raylm-out"), "results.json and the checkpoint a rerun resumes from")
+    add_output_option(ev, None, "results.json and the checkpoint a rerun resumes from (default: "
+                                "raylm-out/<model>/<tasks and settings>-<digest>, one per command line)")
     ev.add_argument("--output-path", metavar="DIR|FILE.json",
                     help="lm-eval's --output_path and its layout: DIR/<model>/results_<date>.json and "
                          "samples_<task>_<date>.jsonl, or FILE_<date>.json; raylm's own folder (the checkpoint a "
-                         "rerun resumes from) is DIR/<model>/.raylm, or .FILE.raylm beside FILE.json")
+                         "rerun resumes from) is DIR/<model>/.raylm/<run>, or .FILE.raylm/<run> beside FILE.json")
     ev.add_argument("--overwrite", action="store_true", help="discard results a different run left in --output")
     ev.add_argument("--log-samples", action="store_true",
                     help="also write per-request samples as Parquet, and every task's as lm-eval's jsonl")
@@ -185,8 +188,12 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
 def run_eval(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     cfg.validate()
-    out = prepare_output(args.output)
     layout = getattr(args, "lmeval_layout", None)
+    if args.output is None:  # a folder of this command line's own, inside --output_path's layout if given
+        args.output = eval_dir(cfg, layout.work_dir if layout is not None else None)
+        cfg = replace(cfg, output=args.output)
+        print(f"writing to {args.output}; the same command resumes from it", flush=True)
+    out = prepare_output(args.output)
     wandb = (parse_pairs(args.wandb_args, "--wandb_args"),
              parse_pairs(args.wandb_config_args, "--wandb_config_args") if args.wandb_config_args else None) \
         if args.wandb_args else None

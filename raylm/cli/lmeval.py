@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from raylm.cli.options import output_arg
 from raylm.config import parse_batch_size
 from raylm.errors import RaylmError
 
@@ -199,7 +198,8 @@ ACCEPTED_AT = {"use_fast_tokenizer": True, "backend": "causal", "parallelize": F
 
 def apply_output_path(args: argparse.Namespace, parser: argparse.ArgumentParser, default_model: str | None) -> None:
     """lm-eval's --output_path: its layout for the results and samples (raylm.results.lmeval_output), and raylm's
-    own output folder (--output: results.json, the checkpoint) beside them, so that the same line resumes."""
+    own output folder (--output: results.json, the checkpoint) beside them, one per command line (run_eval names
+    it, raylm.cli.run_dirs), so that the same line resumes and a line with other tasks adds its own results."""
     if args.output_path is None:
         return
     if args.output != parser.get_default("output"):
@@ -212,7 +212,6 @@ def apply_output_path(args: argparse.Namespace, parser: argparse.ArgumentParser,
 
     args.lmeval_layout = Layout.of(args.output_path, {"pretrained": model, **({"peft": args.peft} if args.peft
                                                                                 else {})})
-    args.output = output_arg(args.lmeval_layout.work_dir)
 
 
 def apply_model_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

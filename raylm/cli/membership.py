@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from raylm.cli.options import add_model_options, add_output_option, model_spec, task_names
+from raylm.cli.run_dirs import membership_dir
 from raylm.corpus import CHECKPOINT_EVERY_S, MEMBERSHIP_DOCS_PER_BATCH
 from raylm.storage.location import prepare_output
 
@@ -26,7 +27,9 @@ def add_membership_command(sub: argparse._SubParsersAction) -> None:
     member.add_argument("--actors", type=int, help="model actors (default: one per GPU, or one on CPU)")
     member.add_argument("--docs-per-batch", type=int, default=MEMBERSHIP_DOCS_PER_BATCH)
     add_model_options(member)
-    add_output_option(member, Path("raylm-out") / "membership", "membership.json and membership.parquet")
+    add_output_option(member, None, "membership.json, membership.parquet and the checkpoint a rerun resumes from, "
+                                    "one folder per command line (default: raylm-out/<model>/membership-<tasks>-"
+                                    "<digest>)")
     member.add_argument("--overwrite", action="store_true",
                         help="discard the checkpoint a different run left in --output")
     member.add_argument("--checkpoint-every", type=float, default=CHECKPOINT_EVERY_S, metavar="SECONDS",
@@ -44,6 +47,9 @@ def run_membership_command(args: argparse.Namespace) -> int:
     cfg = MembershipConfig(spec, tasks, args.k, args.data_dir, args.include_path, args.limit, args.actors,
                            args.docs_per_batch, not args.no_progress, args.overwrite, args.checkpoint_every)
     cfg.validate()
+    if args.output is None:
+        args.output = membership_dir(cfg)
+        print(f"writing to {args.output}; the same command resumes from it", flush=True)
     out = prepare_output(args.output)
     report = run_membership(cfg, out)
     print(format_table(report))

@@ -5,9 +5,10 @@ lm-eval 0.4.13's EvaluationTracker writes `DIR/<sanitized model name>/results_<d
 in the same folder. The results file is written by the tracker's own save_results_aggregated (its task hashes, its
 general config: model_source, model_name, prompt settings and hashes, evaluation time) into a scratch folder and
 moved into place atomically, the samples by raylm.results.sample_logs, which does the same with
-save_results_samples. raylm's own working folder (results.json, the checkpoint a rerun resumes from, the Parquet
-samples) sits in the same folder as `.raylm`, or `.<stem>.raylm` for a `.json` path, so that the same command line
-resumes a stopped run; each finished run adds files with a new date, as lm-eval's do.
+save_results_samples. raylm's own working folders (results.json, the checkpoint a rerun resumes from, the Parquet
+samples) sit in the same folder under `.raylm`, or `.<stem>.raylm` for a `.json` path, one per command line
+(raylm.cli.run_dirs), so that the same command line resumes a stopped run and a line with other tasks or settings
+runs beside it; each finished run adds files with a new date, as lm-eval's do.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Layout:
 
     @property
     def work_dir(self) -> str:
-        """raylm's own output folder for this run (its --output)."""
+        """The folder raylm's own output folders sit in, one per command line (raylm.cli.run_dirs)."""
         return _join(self.folder, WORK_DIR if self.stem is None else f".{self.stem}.raylm")
 
     def results_file(self, date: str) -> Location:
