@@ -14,7 +14,7 @@ from raylm.cluster.actors import score_shard
 from raylm.errors import RaylmError
 from raylm.requests.table import SCHEMA
 from raylm.scoring.attention import attention_plan
-from raylm.scoring.scorer import RequestDoesNotFit, Scorer
+from raylm.scoring.scorer import LOGITS_BUDGET_BYTES, LOGITS_BUDGET_ENV, RequestDoesNotFit, Scorer
 
 POSITIONS = 16  # what the small budget holds
 
@@ -73,3 +73,20 @@ def test_a_request_an_unpacked_model_cannot_cut_is_one_line_naming_its_document(
                       "gold": [0], "norm_len": [0], "words": [0], "bytes": [0]}, schema=SCHEMA)
     with pytest.raises(RaylmError, match=r"^document 7 \(request 0, 1 \+ 119 tokens\): 119 predicted tokens"):
         score_shard(scorer, "rolling", shard)
+
+
+def test_the_logits_budget_is_the_setting_where_one_is_given_and_the_device_s_default_otherwise(model, monkeypatch):
+    """RAYLM_LOGITS_BUDGET_GIB replaces the default budget: the positions one pass predicts are the GiB given over
+    one position's float32 logits (the model is float32, so no second copy)."""
+    per_position = model.config.vocab_size * 4
+    monkeypatch.delenv(LOGITS_BUDGET_ENV, raising=False)
+    assert Scorer(model, 127).max_predicted == LOGITS_BUDGET_BYTES["cpu"] // per_position
+    monkeypatch.setenv(LOGITS_BUDGET_ENV, "0.5")
+    assert Scorer(model, 127).max_predicted == 2**29 // per_position
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "eight", "inf"])
+def test_a_logits_budget_that_is_no_positive_number_of_gib_is_one_line_naming_the_setting(model, monkeypatch, value):
+    monkeypatch.setenv(LOGITS_BUDGET_ENV, value)
+    with pytest.raises(RaylmError, match=f"{LOGITS_BUDGET_ENV}='{value}': the logits budget must be a number"):
+        Scorer(model, 127)

@@ -56,8 +56,8 @@ from raylm.scoring.batching import TokenBudget, halving_on_oom
 from raylm.scoring.generation_cache import PrefixPath, Slots
 from raylm.scoring.generation_text import StopWatch, final_text
 from raylm.scoring.memory import kv_bytes, kv_bytes_per_token, slots_fitting
-from raylm.scoring.scorer import (GPU_START_TOKEN_BUDGET, LOGITS_BUDGET_BYTES, RequestDoesNotFit, cpu_token_budget,
-                                  forward, gather_head_inputs, max_predicted_positions)
+from raylm.scoring.scorer import (GPU_START_TOKEN_BUDGET, RequestDoesNotFit, cpu_token_budget,
+                                  forward, gather_head_inputs, logits_budget_bytes, max_predicted_positions)
 from raylm.scoring.shared_prefix_attention import attending_to, prefix_attention, takes_shared_prefix
 
 # A prefix every request of a call shares is kept once (batch 1) for the whole call from this many tokens: below it
@@ -127,8 +127,7 @@ class Generator:
                                             else cpu_token_budget(model.config))
         self.kv_budget = kv_bytes(self.device, gpu_share) if kv_budget is None else kv_budget
         self.kv_per_token = kv_bytes_per_token(model.config, getattr(model, "dtype", torch.float32))
-        self._max_rows = max_predicted_positions(model, head, LOGITS_BUDGET_BYTES.get(
-            self.device.type, LOGITS_BUDGET_BYTES["cuda"]))
+        self._max_rows = max_predicted_positions(model, head, logits_budget_bytes(self.device.type))
 
     @property
     def token_budget(self) -> int:

@@ -31,7 +31,7 @@ from transformers import DynamicCache
 from raylm.errors import RaylmError
 from raylm.models.devices import input_device
 from raylm.scoring.batching import TokenBudget, budget_batches, halving_on_oom
-from raylm.scoring.scorer import (LOGITS_BUDGET_BYTES, forward, gather_head_inputs, max_predicted_positions,
+from raylm.scoring.scorer import (forward, gather_head_inputs, logits_budget_bytes, max_predicted_positions,
                                   model_input)
 
 # Two models' activations per token: a smaller token budget than the Scorer's.
@@ -60,7 +60,7 @@ class KLScorer:
     def __init__(self, model_p: torch.nn.Module, model_q: torch.nn.Module, max_length: int,
                  token_budget: int | None = None, width: int | None = None, logits_budget: int | None = None):
         """`width`: compare over the first `width` ids (models whose logits differ in width); None: all of them,
-        which must then be as wide in both. `logits_budget` (bytes; default LOGITS_BUDGET_BYTES for P's device)
+        which must then be as wide in both. `logits_budget` (bytes; default logits_budget_bytes for P's device)
         bounds the logits of both models and the comparison's temporaries in one forward pass."""
         self.model_p, self.model_q = model_p.eval(), model_q.eval()
         self.max_length = max_length
@@ -68,7 +68,7 @@ class KLScorer:
         self.device = input_device(model_p)  # where P's distribution, and so the comparison, lives
         self.budget = TokenBudget(token_budget or (GPU_TOKEN_BUDGET if self.device.type == "cuda"
                                                    else CPU_TOKEN_BUDGET))
-        budget = (logits_budget or LOGITS_BUDGET_BYTES.get(self.device.type, LOGITS_BUDGET_BYTES["cuda"]))
+        budget = logits_budget or logits_budget_bytes(self.device.type)
         self.max_predicted = min(max_predicted_positions(m, m.get_output_embeddings(), budget // LOGITS_SHARE)
                                  for m in (model_p, model_q))
 

@@ -14,6 +14,7 @@ and are summed per request in float64.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from raylm.errors import RaylmError
+from raylm.errors import InputError, RaylmError
 from raylm.models.devices import input_device
 from raylm.models.loading import text_config
 from raylm.scoring.attention import AttentionPlan, attention_plan
@@ -44,6 +45,8 @@ ROW_TOKENS_MAX = 4096
 # positions that predict x vocabulary is what grows without bound (a 15k-token rolling row on a 128k vocabulary
 # is 8 GB), so rows and batches are cut to it, and a long row runs in pieces over the KV cache of the ones before.
 LOGITS_BUDGET_BYTES = {"cpu": 2 * 2**30, "cuda": 8 * 2**30}
+# Overrides the budget above on every device, in GiB: read where the model runs (an actor's own environment).
+LOGITS_BUDGET_ENV = "RAYLM_LOGITS_BUDGET_GIB"
 
 
 class RequestDoesNotFit(RaylmError):
@@ -70,7 +73,7 @@ class Scorer:
                  token_budget: int | None = None, share_prefixes: bool = True, plan: AttentionPlan | None = None,
                  logits_budget: int | None = None):
         """batch_size caps requests per batch (`--batch-size N`); None means "auto": fill a token budget.
-        `logits_budget` (bytes; default LOGITS_BUDGET_BYTES for the device) bounds one forward pass's logits.
+        `logits_budget` (bytes; default logits_budget_bytes for the device) bounds one forward pass's logits.
 
         `plan` defaults to the static rule for the model (raylm.scoring.attention.attention_plan); requests share
         rows only where both it and `share_prefixes` allow. It may be replaced later (a start-up check's verdict).
@@ -94,8 +97,8 @@ class Scorer:
             raise ValueError(f"{type(model).__name__} has no output embeddings (LM head) to score with")
         self._head = head
         self._mask_dtype = getattr(model, "dtype", torch.float32)
-        self.max_predicted = max_predicted_positions(model, head, logits_budget or LOGITS_BUDGET_BYTES.get(
-            self.device.type, LOGITS_BUDGET_BYTES["cuda"]))
+        self.max_predicted = max_predicted_positions(model, head, logits_budget or logits_budget_bytes(
+            self.device.type))
 
     @property
     def token_budget(self) -> int:
@@ -308,6 +311,24 @@ def gather_head_inputs(head: torch.nn.Module, flat: torch.Tensor, rows: int, wid
         raise HeadMisuse(f"the model's LM head ({type(head).__name__}) ran on inputs {seen}, not once on ({rows}, "
                          f"{width}): this model does not compute its logits through get_output_embeddings() once, so "
                          "raylm cannot score it")
+
+
+def logits_budget_bytes(device_type: str) -> int:
+    """The logits budget on a device of this type: LOGITS_BUDGET_BYTES, unless RAYLM_LOGITS_BUDGET_GIB says
+    otherwise. The default suits a card that also holds an 8B model's weights and a pass's activations; a card
+    with room to spare scores long rows in fewer pieces with more, and one short of room leaves more to the
+    weights and activations with less."""
+    value = os.environ.get(LOGITS_BUDGET_ENV)
+    if value is None:
+        return LOGITS_BUDGET_BYTES.get(device_type, LOGITS_BUDGET_BYTES["cuda"])
+    why = "the logits budget must be a number of GiB above 0"
+    try:
+        gib = float(value)
+    except ValueError as error:
+        raise InputError(f"{LOGITS_BUDGET_ENV}={value!r}", why) from error
+    if not 0 < gib < float("inf"):
+        raise InputError(f"{LOGITS_BUDGET_ENV}={value!r}", why)
+    return int(gib * 2**30)
 
 
 def max_predicted_positions(model: torch.nn.Module, head: torch.nn.Module, budget: int) -> int:
