@@ -1,7 +1,8 @@
-"""The table of what fits in generation's memory budget in docs/numerics.md, recomputed from the budget's own code
-(raylm.scoring.memory): the numbers on the page are what the engine would size its slots to.
+"""The tables of what scoring and generation hold on a GPU in docs/numerics.md, recomputed from the budgets' own
+code (raylm.scoring.memory, raylm.scoring.scorer): the numbers on the page are what the engine would size its
+slots to, and the most a scoring pass may hold at the token budget it starts from.
 
-`python tests/test_memory_table.py` prints the table."""
+`python tests/test_memory_table.py` prints both tables."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from transformers import LlamaConfig
 from raylm.models.devices import count_parameters
 from raylm.scoring import memory
 from raylm.scoring.memory import GIB, generation_tokens, kv_bytes_per_token, kv_share, slots_fitting, usable_bytes
+from raylm.scoring.scorer import GPU_START_TOKEN_BUDGET, LOGITS_BUDGET_BYTES, ROW_TOKENS_MAX
 
 PAGE = Path(__file__).parent.parent / "docs" / "numerics.md"
-START, END = "<!-- generation memory table: tests/test_memory_table.py -->", "<!-- end of the table -->"
+START, END = "<!-- generation memory table, computed: edit the code, not the table -->", "<!-- end of the table -->"
+SCORING_START = "<!-- scoring memory table, computed: edit the code, not the table -->"
 CARDS_GIB = (24, 40, 80, 141)
 LLAMA_VOCAB = 128256
 # The published configs' shapes.
@@ -59,6 +62,37 @@ def memory_table() -> str:
             once = slots_fitting(tokens, PREFIX, QUESTION + NEW_TOKENS, QUESTION)
             copied = slots_fitting(tokens, PREFIX + QUESTION, PREFIX + QUESTION + NEW_TOKENS, PREFIX + QUESTION)
             rows.append(f"{head} {budget / GIB:.1f} GiB | {tokens:,} | {once:,} | {copied:,} |")
+    return "\n".join(rows)
+
+
+def scoring_activation_bytes_per_token(config: LlamaConfig) -> int:
+    """What one token of a bfloat16 scoring pass holds at its widest moment, the MLP of one layer (layers run one
+    after another, and a pass without a cache keeps no layer's keys): the residual stream and its normed copy
+    (2 x hidden), the gate, the up projection and their product (3 x intermediate), and its row's attention mask
+    across a row of ROW_TOKENS_MAX columns."""
+    return 2 * (2 * config.hidden_size + 3 * config.intermediate_size + ROW_TOKENS_MAX)
+
+
+def scoring_table() -> str:
+    """Per model and card: weights, the logits budget and the activations at the token budget a GPU scorer starts
+    from; where they overfill the card, the token budget its halvings on out-of-memory come to."""
+    logits = LOGITS_BUDGET_BYTES["cuda"]
+    rows = [f"| model | weights (bf16) | logits budget | activations at {GPU_START_TOKEN_BUDGET:,} tokens | total | "
+            "card | token budget that fits |",
+            "|---|---|---|---|---|---|---|"]
+    for name, shape in SHAPES.items():
+        config = LlamaConfig(vocab_size=LLAMA_VOCAB, **shape)
+        weights = 2 * llama_parameters(config)
+        per_token = scoring_activation_bytes_per_token(config)
+        activations = GPU_START_TOKEN_BUDGET * per_token
+        head = (f"| {name} | {weights / GIB:.1f} GiB | {logits / GIB:.0f} GiB | {activations / GIB:.1f} GiB | "
+                f"{(weights + logits + activations) / GIB:.1f} GiB |")
+        for card in CARDS_GIB:
+            tokens = GPU_START_TOKEN_BUDGET
+            while tokens > 1 and weights + logits + tokens * per_token > card * GIB:
+                tokens //= 2
+            fits = weights + logits + tokens * per_token <= card * GIB
+            rows.append(f"{head} {card} GiB | {f'{tokens:,}' if fits else 'weights and logits do not fit'} |")
     return "\n".join(rows)
 
 
@@ -117,5 +151,10 @@ def test_the_memory_table_on_the_numerics_page_is_computed():
     assert text.split(START)[1].split(END)[0].strip() == memory_table()
 
 
+def test_the_scoring_memory_table_on_the_numerics_page_is_computed():
+    text = PAGE.read_text()
+    assert text.split(SCORING_START)[1].split(END)[0].strip() == scoring_table()
+
+
 if __name__ == "__main__":
-    print(memory_table())
+    print(scoring_table(), memory_table(), sep="\n\n")
