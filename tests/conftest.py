@@ -60,9 +60,17 @@ LONGEST_FIRST = ("test_corpus.py", "test_contamination.py", "test_sweep.py", "te
                  "test_prefix_scoring.py", "test_compare.py")
 
 
+# The fast tier (`pytest -m "not slow"`, CONTRIBUTING.md) leaves out every test that needs a Ray: the session's (these
+# fixtures, or any fixture built on them) or a head of its own (the `cluster` marker).
+RAY_FIXTURES = {"ray_session", "ray_restarted_after"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
+    for item in items:
+        if RAY_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("cluster"):
+            item.add_marker(pytest.mark.slow)
 
 
 def tasks_only(include_path: Path) -> TaskManager:

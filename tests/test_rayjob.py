@@ -116,14 +116,16 @@ def test_every_pod_runs_the_image_the_dockerfile_builds():
     readme = re.search(r"on a GPU machine keep your torch and `([^`]+)`", (REPO / "README.md").read_text())
     assert readme.group(1) == 'pip install -e ".[tasks]"'
     install = dockerfile_install()
-    assert install[:2] == ["pip", "install"] and install[-2:] == shlex.split(readme.group(1))[-2:]
+    extras = re.fullmatch(r"\.\[(.+)\]", install[-1]).group(1).split(",")
+    assert install[:2] == ["pip", "install"] and install[-2] == "-e" and "tasks" in extras
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".venv/", ".git/", "raylm-out/", "raylm-sweeps/"} <= set(ignored)
 
 
 def dockerfile_install() -> list[str]:
-    [install] = re.findall(r"^RUN (.+)$", (REPO / "Dockerfile").read_text(), re.MULTILINE)
-    return shlex.split(install)
+    runs = re.findall(r"^RUN (.+)$", (REPO / "Dockerfile").read_text(), re.MULTILINE)
+    [install] = [shlex.split(run) for run in runs if run.startswith("pip install ")]
+    return install
 
 
 def test_the_image_pins_what_moves_numbers_to_the_versions_ci_tests():
@@ -215,3 +217,77 @@ def test_cpu_head_autoscaled_gpu_workers_and_the_hint_that_names_them():
     assert types == tuple(NodeType(name, {"CPU": float(lim["cpu"]), "GPU": float(lim["nvidia.com/gpu"])},
                                    g["maxReplicas"]) for name, (g, lim) in limits.items())
     assert max_added == sum(g["maxReplicas"] for g, _ in limits.values())
+
+
+# What EKS leaves a pod on the nodes rayjob.yaml is sized for (4 vCPU, 16 GiB: m5.xlarge for the head, g5.xlarge
+# or g6.xlarge for a GPU worker): the machine less kubelet's reservations (80m CPU; 255 MiB + 11 MiB per pod at 58
+# pods, and 100 MiB for eviction) is about 3.92 CPU and 14.4 GiB; the node's daemons (networking, kube-proxy, the EBS
+# and NVIDIA plugins) take some of that too.
+NODES = {"head": ("m5.xlarge",), "gpu-workers": ("g5.xlarge", "g6.xlarge")}
+ALLOCATABLE_CPU, ALLOCATABLE_GIB = 3.92, 14.4
+
+
+def quantity(value: str | int) -> float:
+    """A Kubernetes CPU or memory quantity, as rayjob.yaml writes them ("3", "500m", "12Gi"), in CPUs or GiB."""
+    text = str(value)
+    units = {"m": 1e-3, "Gi": 1.0, "Mi": 1 / 1024}
+    unit = next((u for u in units if text.endswith(u)), "")
+    return float(text.removesuffix(unit)) * units.get(unit, 1.0)
+
+
+def test_every_pod_fits_the_allocatable_of_the_nodes_it_is_sized_for():
+    """A pod that asks for a whole 4-vCPU/16-GiB node is never scheduled on one. Requests equal limits (KubeRay tells
+    Ray the limits), so what Ray counts is what the node reserved."""
+    cluster = documents()["RayJob"]["spec"]["rayClusterSpec"]
+    groups = {"head": cluster["headGroupSpec"], **{g["groupName"]: g for g in cluster["workerGroupSpecs"]}}
+    text = (REPO / "rayjob.yaml").read_text()
+    assert set(groups) == set(NODES) and all(node in text for nodes in NODES.values() for node in nodes)
+    for group in groups.values():
+        [container] = group["template"]["spec"]["containers"]
+        requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+        assert requests == limits
+        assert quantity(requests["cpu"]) <= ALLOCATABLE_CPU - 0.5 and quantity(requests["memory"]) <= ALLOCATABLE_GIB - 1
+
+
+def test_the_results_claim_names_the_ebs_storage_class_rayjob_yaml_creates():
+    """EKS 1.30 and later have no default class: a claim without storageClassName stays Pending, and the head with
+    it. The claim names gp3 through the EBS CSI driver, made where the head is scheduled; both docs name the driver
+    as a prerequisite, and the NVIDIA device plugin, without which no pod gets an nvidia.com/gpu."""
+    [storage_class] = [doc for doc in manifests() if doc["kind"] == "StorageClass"]
+    assert storage_class["apiVersion"] == "storage.k8s.io/v1" and storage_class["provisioner"] == "ebs.csi.aws.com"
+    assert storage_class["parameters"] == {"type": "gp3"}
+    assert storage_class["volumeBindingMode"] == "WaitForFirstConsumer"
+    assert {c["spec"]["storageClassName"] for c in claims().values()} == {storage_class["metadata"]["name"]}
+    install_plugin = "helm install nvdp nvdp/nvidia-device-plugin"
+    for text in ((REPO / "rayjob.yaml").read_text(), (REPO / "docs" / "cluster.md").read_text()):
+        assert "EBS CSI driver" in text and install_plugin in text
+
+
+def reading_commands(text: str) -> list[list[str]]:
+    """The commands that read results off the claim, as a file shows them (comments' `#   ` dropped)."""
+    lines = [line.strip().removeprefix("#").strip() for line in text.splitlines()]
+    return [shlex.split(line) for line in lines if line.startswith("kubectl ") and "raylm-results" in line
+            and line.split()[1] in ("run", "wait", "cp", "delete")]
+
+
+@pytest.mark.parametrize("path", ["rayjob.yaml", "docs/cluster.md"])
+def test_results_are_read_off_the_claim_once_the_cluster_is_gone(path):
+    """A pod mounts the claim where the head did, as the head's user, and `kubectl cp` copies the entrypoint's
+    --output off it; then the pod goes."""
+    run, wait, copy_off, delete = reading_commands((REPO / path).read_text())
+    pod = run[2]
+    assert run[:2] == ["kubectl", "run"] and "--restart=Never" in run
+    spec = json.loads(next(w for w in run if w.startswith("--overrides=")).split("=", 1)[1])["spec"]
+    [container] = spec["containers"]
+    [volume] = spec["volumes"]
+    [mount] = container["volumeMounts"]
+    assert container["name"] == pod and mount["name"] == volume["name"]
+    assert volume["persistentVolumeClaim"]["claimName"] in claims()
+    head = pod_specs()[0]
+    assert {k: v for k, v in head["securityContext"].items() if k != "fsGroup"} == spec["securityContext"]
+    output = build_parser().parse_args(shlex.split(documents()["RayJob"]["spec"]["entrypoint"])[1:]).output
+    [head_mount] = [m for m in head["containers"][0]["volumeMounts"] if m["name"] == "results"]
+    assert mount["mountPath"] == head_mount["mountPath"]
+    assert wait[:3] == ["kubectl", "wait", "--for=condition=Ready"] and f"pod/{pod}" in wait
+    assert copy_off[:2] == ["kubectl", "cp"] and copy_off[2] == f"{pod}:{output}"
+    assert delete == ["kubectl", "delete", "pod", pod]
