@@ -12,8 +12,8 @@ takes float32 log-softmax of the same low-precision logits and sums in float64.
     PYTHONPATH=$PWD python bench/bf16_vs_lmeval.py --models stories,gpt2-small --rows 300
     PYTHONPATH=$PWD python bench/bf16_vs_lmeval.py --models stories,tiny:llama --rows 20 --dtypes bfloat16  # quick
 
-Models: `stories` (the golden stories260K), `gpt2-small` (random 124M with the GPT-2 tokenizer, the model of issue
-20's first measurement), `tiny:<family>` for each family of the architecture matrix (tests/tiny_families.py), or
+Models: `stories` (the golden stories260K), `gpt2-small` (random 124M with the GPT-2 tokenizer, as in the other
+benchmarks), `tiny:<family>` for each family of the architecture matrix (tests/tiny_families.py), or
 `tiny` for all of them. The tiny models have a 128-token context, and within HellaSwag's first 32 documents are
 endings longer than that (135 tokens with the stories tokenizer; sooner with the Qwen2 tokenizer class Qwen2's
 config picks), which neither tool can score in it, so they get at most TINY_ROWS documents per task.

@@ -115,10 +115,10 @@ def dump(path: Path, data: object) -> None:
 def print_fixed_cost_split(title: str, reference: str, ref_walls: list[float], ref_fixed: list[float],
                            raylm_walls: list[float], raylm_fixed: list[float]) -> None:
     """Split each tool's best wall time into a 1-document run (start-up, model load, exit: the fixed cost) and
-    the rest (scoring the remaining documents), so a ratio short of a target says which of the two is short.
+    the rest (scoring the remaining documents), so a ratio says which of the two it comes from.
 
-    The ceiling is the whole-run ratio raylm would reach if the rest took no time at all: a target above it
-    cannot be met by faster scoring, only by a smaller fixed cost.
+    The ceiling is the whole-run ratio raylm would reach if the rest took no time at all: a ratio above it can
+    come only from a smaller fixed cost, not from faster scoring.
     """
     ref, ref_one, ours, ours_one = min(ref_walls), min(ref_fixed), min(raylm_walls), min(raylm_fixed)
     rest_ratio = (ref - ref_one) / (ours - ours_one) if ref > ref_one and ours > ours_one else "n/a (noise)"

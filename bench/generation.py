@@ -7,7 +7,7 @@ Both commands get the same task YAMLs: lm-eval's own gsm8k_cot pointed at the of
 a seeded random GPT-2-small, 124M, with the real GPT-2 tokenizer) at float32 on the CPU, and each logs its samples:
 lm-eval its samples_<task>_<date>.jsonl under --output_path, raylm the same jsonl under OUTPUT/samples/.
 
-    PYTHONPATH=$PWD python bench/generation.py                 # both tools, the issue's target: raylm >= 3x
+    PYTHONPATH=$PWD python bench/generation.py                 # both tools, side by side
     PYTHONPATH=$PWD python bench/generation.py --lmeval-only   # lm-eval's half alone
 """
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one GPU check, for a machine with a GPU (an H200 or H100): random weights of real shapes throughout, every
 # step capped so that the whole run ends within GPU_CHECK_S seconds (default 450: under 8 minutes with start-up).
-# First, here: `bash bench/gpu_carry.sh` (lm-eval's wheel and HellaSwag's offline rows into ignored folders); then
-# on the device, from the repository root, carrying .whl and .gpu-data:
+# From the repository root, with lm-eval installed (or its wheel in .whl/) and HellaSwag rows in .gpu-data/
+# (bench/gpu_carry.sh puts both there; without them the packaged demo's 300 rows are used):
 #   bash bench/gpu.sh
 # Steps, most important first (a step that runs out of time or fails says so and the next one starts):
 #   1. bench/gpu_numerics.py hellaswag: an 8B shape in bf16, raylm vs lm-eval HFLM on the same GPU and model,

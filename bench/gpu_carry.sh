@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# Run HERE (a machine with the package registry), before bench/gpu.sh runs on a GPU machine without it:
-# puts into git-ignored folders what the GPU machine's image lacks, for the device run to carry.
-#   .whl/       lm-eval 0.4.13's wheel (pure Python; HFLM needs nothing else the image lacks: torch, transformers,
-#               accelerate, numpy, jinja2, pyyaml, tqdm are there; Ray and datasets are not, and are not needed)
+# For a GPU machine without network access: run this on a machine with one, beside the test data, and copy the
+# two git-ignored folders it writes into the checkout on the GPU machine before `bash bench/gpu.sh` (CONTRIBUTING.md).
+#   .whl/       lm-eval 0.4.13's wheel (pure Python; HFLM needs nothing else beyond torch, transformers,
+#               accelerate, numpy, jinja2, pyyaml and tqdm; neither Ray nor datasets is needed)
 #   .gpu-data/  HellaSwag's 1,000 offline validation rows (the packaged demo has 300; the full set is 10,042)
-# Then, on the device: `run` with carry [".whl", ".gpu-data"] and the command `bash bench/gpu.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl .gpu-data/hellaswag

@@ -12,7 +12,7 @@ directory). Needs the `bench` extra (pip install -e .[bench]).
     PYTHONPATH=$PWD python bench/vs_lmeval.py --model gpt2-small --rows 200 --tasks hellaswag
     PYTHONPATH=$PWD python bench/vs_lmeval.py --model stories --rows 0 --tasks hellaswag+winogrande,wikitext
     PYTHONPATH=$PWD python bench/vs_lmeval.py --model gpt2-small --rows 0 --repeats 3 \
-        --tasks mmlu_local:shots=5:limit=20,arc_easy_local --lmeval-batch-size 16   # the lm-eval task target
+        --tasks mmlu_local:shots=5:limit=20,arc_easy_local --lmeval-batch-size 16   # lm-eval's own tasks
 
 lm-eval runs with batch_size=auto unless --lmeval-batch-size says otherwise. On a CPU, HFLM's auto detection
 tries batches from 64 down and relies on an out-of-memory exception to back off; a CPU raises none, so on
@@ -78,7 +78,7 @@ def parse_group(text: str, rows: int | None) -> Group:
     group = Group(tuple(names.split("+")), int(settings["shots"]) if "shots" in settings else None,
                   None if limit in (None, "all", "0", 0) else int(limit))
     if group.lmeval and set(group.tasks) & set(NATIVE):
-        sys.exit(f"--tasks {text}: a group is either native tasks (lmeval_ref.py) or lm-eval tasks (lmeval_hf_ref.py)")
+        sys.exit(f"--tasks {text}: a group is either native tasks (hellaswag, winogrande, wikitext) or lm-eval tasks")
     return group
 
 

@@ -519,6 +519,57 @@ def test_every_page_starts_with_an_example():
             f"{page.relative_to(REPO)} does not open with an example"
 
 
+# Words of the work that built raylm rather than of raylm itself: the user pages say what it does, CONTRIBUTING.md
+# how it is checked and measured.
+BUILD_HISTORY = {
+    "an issue number": r"\bissues?\s+#?\d+\b|\bthe issue's\b",
+    "an issue or pull-request reference": r"(?<![\w/&])#\d+\b",
+    "a session of work": r"\b(?:this|that|last|previous|earlier|later|next|first|second|third|fourth|fifth)\s+session\b",
+    "a landing": r"\blanding\b",
+    "a CI timing": r"\bCI\s+(?:took|takes|ran in|runs in)\b",
+}
+# In prose (outside code blocks and HTML comments): a test file cited as proof is a note for contributors.
+TEST_CITATION = r"\btests/test_\w+\.py\b"
+# Pages whose test citations are left for the edits under way on them to drop.
+CITING_TESTS_FOR_NOW = {"docs/cluster.md", "docs/switching-from-lm-eval.md"}
+
+
+def user_files() -> list[Path]:
+    """What users read: the pages, the benchmark results and the benchmark scripts."""
+    return [*pages(), *sorted((REPO / "bench").glob("*.md")), *sorted((REPO / "bench").glob("*.py")),
+            *sorted((REPO / "bench").glob("*.sh"))]
+
+
+def build_history(name: str, text: str) -> list[str]:
+    """Each build-history phrase in a user file's text, named with what it is."""
+    found = [f"{what}: {m.group(0)!r}" for what, pattern in BUILD_HISTORY.items()
+             for m in re.finditer(pattern, text, re.IGNORECASE)]
+    if name.endswith(".md") and name not in CITING_TESTS_FOR_NOW:
+        prose = re.sub(r"^```.*?^```|<!--.*?-->", "", text, flags=re.MULTILINE | re.DOTALL)
+        found += [f"a test file cited: {m.group(0)!r}" for m in re.finditer(TEST_CITATION, prose)]
+    return found
+
+
+def test_user_files_carry_no_build_history():
+    found = {name: hits for path in user_files()
+             if (hits := build_history(name := str(path.relative_to(REPO)), path.read_text()))}
+    assert not found, f"build history in user files (contributor notes go to CONTRIBUTING.md): {found}"
+
+
+@pytest.mark.parametrize("text", ["the model of issue 20", "(PR #1533)", "after this session's changes",
+                                  "as the previous landing did", "CI took 14 minutes",
+                                  "as `tests/test_corpus.py` proves"])
+def test_build_history_is_found(text):
+    assert build_history("docs/page.md", text)
+
+
+@pytest.mark.parametrize("text", ["a Ray session's files", "[below](#task-files)", "attached to an issue",
+                                  "```bash\npython -m pytest -q tests/test_layout.py\n```",
+                                  "<!-- table: tests/test_memory_table.py -->", "the version CI tests"])
+def test_what_users_need_is_not_build_history(text):
+    assert not build_history("docs/page.md", text)
+
+
 def test_links_between_pages_resolve():
     for page in pages():
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):

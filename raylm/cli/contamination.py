@@ -32,7 +32,8 @@ def add_contamination_command(sub: argparse._SubParsersAction) -> None:
     scan.add_argument("--docs-per-batch", type=int, default=SCAN_ROWS_PER_BATCH)
     add_output_option(scan, Path("raylm-out") / "contamination",
                       "contamination.json, matches.parquet and contamination.png")
-    scan.add_argument("--no-progress", action="store_true")
+    scan.add_argument("--no-progress", action="store_true",
+                      help="no progress bar on stderr (it counts the corpus's bytes scanned)")
     scan.set_defaults(run=run_contamination_command)
 
 

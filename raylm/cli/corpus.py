@@ -44,7 +44,8 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--checkpoint-every", type=float, default=CHECKPOINT_EVERY_S, metavar="SECONDS",
                        help="save the documents scored so far under --output this often, for a rerun of the same "
                             f"command to resume from (default {CHECKPOINT_EVERY_S:g})")
-        p.add_argument("--no-progress", action="store_true")
+        p.add_argument("--no-progress", action="store_true",
+                       help="no progress bar on stderr (it counts documents scored)")
         p.set_defaults(run=run_corpus_command)
     add_scorer_options(ppl)
 

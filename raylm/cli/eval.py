@@ -137,7 +137,9 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
                     help="a `raylm contamination` output: every metric again on the clean documents alone, as "
                          "<metric>_decontaminate (lm-eval's name)")
     ev.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_REQUESTS, help="requests per shard")
-    ev.add_argument("--no-progress", action="store_true")
+    ev.add_argument("--no-progress", action="store_true",
+                    help="no progress bar on stderr (it counts requests as their shards finish, with retries and, "
+                         "for generation tasks, documents and tokens generated)")
     ev.add_argument("--num-gpus", type=float, help="GPUs per actor; fractions pack several actors on one GPU")
     add_scorer_options(ev)
 

@@ -35,7 +35,8 @@ def add_membership_command(sub: argparse._SubParsersAction) -> None:
     member.add_argument("--checkpoint-every", type=float, default=CHECKPOINT_EVERY_S, metavar="SECONDS",
                         help="save the documents scored so far under --output this often, for a rerun of the same "
                              f"command to resume from (default {CHECKPOINT_EVERY_S:g})")
-    member.add_argument("--no-progress", action="store_true")
+    member.add_argument("--no-progress", action="store_true",
+                        help="no progress bar on stderr (it counts documents scored)")
     member.set_defaults(run=run_membership_command)
 
 
