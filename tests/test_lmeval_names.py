@@ -4,6 +4,7 @@ with close matches, generate_until, the missing `tasks` extra)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -165,6 +166,17 @@ def test_seed_is_lm_evals_seed_flag():
     assert parse(["--seed", "5"]).seed == (5, 5, 5, 5)
     assert parse(["--seed", "0,None,8,52"]).seed == (0, None, 8, 52)
     assert parse([]).num_fewshot is None and parse([]).bootstrap_iters == 100000
+
+
+@pytest.mark.parametrize("value", ["1,2,3", "7, None ,8", "5", "0,None,8,52"])
+def test_seed_values_are_read_as_lm_evals_run_parser_reads_them(value):
+    """Three values: lm-eval fills the fourth (fewshot) from its default seeds."""
+    from lm_eval._cli.run import Run
+
+    parser = argparse.ArgumentParser()
+    Run.create(parser.add_subparsers())
+    theirs = parser.parse_args(["run", "--seed", value]).seed
+    assert build_parser().parse_args(["eval", "--seed", value]).seed == tuple(theirs)
 
 
 @pytest.mark.parametrize("value", ["x", "1,2", "1,2,3,4,5"])

@@ -4,6 +4,7 @@ in raylm.evaluate."""
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from raylm.cli.lmeval import PairsAction, parse_pairs, read_samples
@@ -22,6 +23,8 @@ from raylm.storage.location import prepare_output
 from raylm.storage.lock import output_lock
 from raylm.tasks import TASKS
 
+log = logging.getLogger(__name__)
+
 
 def _batch_size(text: str) -> int | None:
     try:
@@ -31,15 +34,23 @@ def _batch_size(text: str) -> int | None:
 
 
 def _seeds(text: str) -> tuple[int | None, ...]:
-    """lm-eval's --seed: one integer for all four generators, or random,numpy,torch,fewshot ('None': unseeded)."""
+    """lm-eval's --seed (its _int_or_none_list_arg_type(3, 4, "0,1234,1234,1234")): one integer for all four
+    generators, or random,numpy,torch[,fewshot] ('None': unseeded), a missing fewshot seed filled from the
+    defaults with lm-eval's warning."""
     try:
         values = [None if v.strip().lower() == "none" else int(v) for v in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer or four comma-separated integers/None, got {text!r}") \
             from None
-    if len(values) not in (1, 4):
-        raise argparse.ArgumentTypeError(f"must be one value or four (random,numpy,torch,fewshot), got {text!r}")
-    return tuple(values * 4 if len(values) == 1 else values)
+    if len(values) == 1:
+        return tuple(values * 4)
+    if len(values) not in (3, 4):
+        raise argparse.ArgumentTypeError(f"must be one value, or three or four (random,numpy,torch[,fewshot]), got "
+                                         f"{text!r}")
+    if len(values) == 3:
+        log.warning("--seed %s: no fewshot seed given; it is the default %s (as lm-eval fills it)", text,
+                    DEFAULT_SEEDS[3])
+    return (*values, *DEFAULT_SEEDS[len(values):])
 
 
 DEFAULT_SEEDS = (DEFAULT_RANDOM_SEED, DEFAULT_OTHER_SEED, DEFAULT_OTHER_SEED, DEFAULT_FEWSHOT_SEED)
@@ -128,8 +139,8 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--wandb-config-args", nargs="+", action=PairsAction, metavar="KEY=VALUE",
                     help="lm-eval's --wandb_config_args: added to the W&B run's config")
     ev.add_argument("--seed", type=_seeds, default=DEFAULT_SEEDS,
-                    help="lm-eval's --seed: S for all of random,numpy,torch,fewshot, or four values "
-                         f"(default {','.join(map(str, DEFAULT_SEEDS))})")
+                    help="lm-eval's --seed: S for all of random,numpy,torch,fewshot, or three or four values, "
+                         f"a missing one taken from the default ({','.join(map(str, DEFAULT_SEEDS))})")
     ev.add_argument("--decontaminate", type=Path, metavar="DIR",
                     help="a `raylm contamination` output: every metric again on the clean documents alone, as "
                          "<metric>_decontaminate (lm-eval's name)")
