@@ -90,6 +90,8 @@ REFUSED = [
     ("--model_args pretrained=gpt2,tokenizer=gpt2-large --tasks hellaswag", "tokenizer= is not supported"),
     ("--model_args pretrained=gpt2,dtype=bfloat16 --dtype float16 --tasks hellaswag", "contradicts --dtype"),
     ("--model gpt2 --tasks hellaswag --output out --output_path out", "--output and --output_path: choose one"),
+    ("--model_args pretrained=gpt2 --tasks hellaswag --device mps", "--device mps (Apple's Metal) is not supported"),
+    ("--model_args pretrained=gpt2,device=mps --tasks hellaswag", "--device mps (Apple's Metal) is not supported"),
 ]
 
 
