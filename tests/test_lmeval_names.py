@@ -316,6 +316,38 @@ def test_a_task_file_in_tasks_is_the_task_lm_evals_cli_loads_from_it(local_tasks
     assert our_config == their_config
 
 
+def test_a_folder_in_tasks_is_its_task_files_as_lm_evals_cli_reads_it(local_tasks, tmp_path, monkeypatch):
+    """`--tasks DIR`: lm-eval's CLI (EvaluatorConfig.process_tasks) loads every DIR/*.yaml as a task file, unless
+    DIR is also the name of a task, which it then runs instead; raylm names the same tasks."""
+    import lm_eval.tasks
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    from raylm.cli import config_from_args, parse_args
+    from raylm.tasks.lmeval import names
+
+    # Neither side's answer here depends on lm-eval's own tasks: both index the include path alone.
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda **kw: TaskManager(include_defaults=False, **kw))
+    monkeypatch.setattr(names, "builtin_index", dict)
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "arc_easy_local.yaml").write_text((local_tasks / "arc_easy_local.yaml").read_text())
+    theirs = EvaluatorConfig(tasks=str(folder))
+    theirs.process_tasks()
+    cfg = config_from_args(parse_args(["eval", "--model", str(STORIES), "--tasks", str(folder)]))
+    assert cfg.tasks == tuple(config["task"] for config in theirs.tasks) == ("arc_easy_local",)
+    assert cfg.include_path == folder.resolve()
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "arc_easy_local").mkdir()
+    argv = ["--tasks", "arc_easy_local", "--include-path", str(local_tasks)]
+    theirs = EvaluatorConfig(tasks="arc_easy_local", include_path=str(local_tasks))
+    theirs.process_tasks()
+    cfg = config_from_args(parse_args(["eval", "--model", str(STORIES), *argv]))
+    assert cfg.tasks == tuple(theirs.tasks) == ("arc_easy_local",) and cfg.include_path == local_tasks
+    with pytest.raises(RaylmError, match="without task files"):
+        config_from_args(parse_args(["eval", "--model", str(STORIES), "--tasks", str(tmp_path / "arc_easy_local")]))
+
+
 def test_task_files_raylm_cannot_read_as_lm_eval_does_are_refused_in_one_line(local_tasks, tmp_path):
     from raylm.tasks.lmeval.names import task_files
 

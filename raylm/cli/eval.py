@@ -83,7 +83,7 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
                     help="lm-eval's --model_args: pretrained=...,dtype=...,revision=...,peft=..., or a JSON object")
     ev.add_argument("--tasks", nargs="+", default=[",".join(TASKS)],
                     help=f"comma- or space-separated: native ({', '.join(TASKS)}) or any lm-eval task, group, tag, "
-                         "pattern or task file (path/to/task.yaml, globs too)")
+                         "pattern or task file (path/to/task.yaml, globs too), or one folder of task files")
     ev.add_argument("--include-path", type=Path, help="directory of your own lm-eval task YAMLs (lm-eval's flag)")
     ev.add_argument("--limit", type=_limit, help="first N documents of each task, or below 1 a fraction of them")
     ev.add_argument("--samples", type=read_samples, metavar="JSON|FILE",
@@ -173,6 +173,10 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
     spec = model_spec(args, model, args.revision, scorer=args.scorer, pll=args.pll, max_length=args.max_length,
                       peft=args.peft, add_bos_token=args.add_bos_token, prefix_token_id=args.prefix_token_id)
     tasks, include_path = task_names(args.tasks), args.include_path
+    if len(tasks) == 1 and tasks[0] not in TASKS and Path(tasks[0]).is_dir():
+        from raylm.tasks.lmeval.names import task_folder
+
+        tasks = task_folder(tasks[0], include_path)
     if any(name.endswith(".yaml") for name in tasks):
         from raylm.tasks.lmeval.names import task_files
 
