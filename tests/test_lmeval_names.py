@@ -362,3 +362,27 @@ def test_task_files_raylm_cannot_read_as_lm_eval_does_are_refused_in_one_line(lo
             ([str(local_tasks / "arc_easy_local.yaml")], tmp_path, "span 2 folders")):
         with pytest.raises(RaylmError, match=message):
             task_files(names, include)
+
+
+def test_raylm_tasks_is_lm_evals_listing_of_tasks_groups_and_tags(local_tasks, capsys, monkeypatch):
+    """`raylm tasks` / `raylm ls WHAT` print lm-eval's own list_all_tasks (as `lm-eval ls WHAT` does) over lm-eval's
+    tasks and --include-path's; the include path's listing is compared with lm-eval's of it alone (its subtasks
+    listing reads every YAML: for lm-eval's own 14,000 that takes minutes)."""
+    from raylm.cli import main
+
+    assert main(["tasks", "groups"]) == 0
+    assert "\n|mmlu " in capsys.readouterr().out
+    assert main(["ls", "tags"]) == 0
+    assert "\n|ai2_arc " in capsys.readouterr().out
+    theirs = TaskManager(include_path=str(local_tasks), include_defaults=False)
+    monkeypatch.setattr(index_cache, "builtin_index", dict)
+    listings = {"tasks": {}, "groups": {"list_subtasks": False, "list_tags": False},
+                "subtasks": {"list_groups": False, "list_tags": False},
+                "tags": {"list_groups": False, "list_subtasks": False}}
+    for what, kwargs in listings.items():
+        assert main(["ls", what, "--include_path", str(local_tasks)]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("raylm's native tasks") and out.endswith(theirs.list_all_tasks(**kwargs) + "\n")
+    assert main(["tasks", "--include-path", str(local_tasks)]) == 0
+    out = capsys.readouterr().out
+    assert all(f"\n|{name} " in out for name in ("mmlu_local", "mmlu_local_stem_tasks", "arc_easy_local"))

@@ -148,6 +148,8 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--no-progress", action="store_true")
     ev.add_argument("--num-gpus", type=float, help="GPUs per actor; fractions pack several actors on one GPU")
     add_scorer_options(ev)
+    # HFLM's enable_thinking and think_end_token, given only in --model_args (raylm.cli.lmeval.apply_model_args)
+    ev.set_defaults(enable_thinking=None, think_end_token=None)
 
 
 def eval_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -193,6 +195,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
                       metadata=parse_pairs(args.metadata, "--metadata") if args.metadata else None,
                       apply_chat_template=args.apply_chat_template, fewshot_as_multiturn=args.fewshot_as_multiturn,
                       system_instruction=args.system_instruction, chat_template_args=chat_args,
+                      enable_thinking=args.enable_thinking, think_end_token=args.think_end_token,
                       placement_timeout_s=args.placement_timeout,
                       gen_kwargs=parse_pairs(args.gen_kwargs, "--gen_kwargs") if args.gen_kwargs else None)
 
