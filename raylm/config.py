@@ -87,13 +87,13 @@ class EvalConfig:
     chat_template_args: dict[str, Any] | None = None
     # lm-eval's --gen_kwargs: merged into every generate_until task's generation_kwargs, as simple_evaluate does
     gen_kwargs: dict[str, Any] | None = None
+    # lm-eval's --predict_only: its tasks' metrics replaced by "bypass" (responses kept, nothing scored against the
+    # target), their samples logged
+    predict_only: bool = False
     # HFLM's enable_thinking (also the chat template's argument; True refuses loglikelihood requests, as HFLM does)
     # and think_end_token (a generation is what follows its last occurrence, as HFLM post-processes it)
     enable_thinking: bool | None = None
     think_end_token: str | None = None
-    # lm-eval's --predict_only: its tasks' metrics replaced by "bypass" (responses kept, nothing scored against the
-    # target), their samples logged
-    predict_only: bool = False
 
     def __post_init__(self) -> None:
         # lm-eval evaluates --samples documents in file order whatever order they are listed in, and labels each

@@ -151,6 +151,7 @@ def test_think_end_token_strips_each_generation_as_hflm_does(gen_tasks):
     from raylm.config import EvalConfig
     from raylm.evaluate import _lmeval_results
     from raylm.results.eval_result import TaskResult
+    from raylm.results.report import thinking_record
 
     task, think = "gsm8k_local", "</think>"
     built = load_and_build(select([task], gen_tasks), SEEDS, None, 6)
@@ -178,6 +179,7 @@ def test_think_end_token_strips_each_generation_as_hflm_does(gen_tasks):
     for key in ("results", "samples"):
         assert json.dumps(ours[key], default=handle_non_serializable) == \
             json.dumps(theirs[key], default=handle_non_serializable), key
+    assert thinking_record(cfg) == {"think_end_token": think}  # results.json's config says how answers were cut
 
 
 def test_enable_thinking_refuses_loglikelihood_tasks_as_hflm_does(gen_tasks):
