@@ -31,7 +31,7 @@ from raylm.contamination.documents import load_scan_tasks
 from raylm.cluster.checkpoint import table_digest
 from raylm.corpus import CHECKPOINT_EVERY_S, MEMBERSHIP_DOCS_PER_BATCH
 from raylm.corpus.doc_scoring import DocMembership, take_prefix_sharing
-from raylm.corpus.resume import RESUMED_COLUMN, CorpusCheckpoint, Resuming, blocks_of_batches, corpus_manifest
+from raylm.corpus.resume import RESUMED_COLUMN, CorpusCheckpoint, Resuming, corpus_manifest
 from raylm.corpus.run import model_max_length
 from raylm.corpus.stream import stream_batches
 from raylm.errors import RaylmError
@@ -115,14 +115,17 @@ def _run_membership(cfg: MembershipConfig, out_dir: Location) -> dict[str, Any]:
     recipe, n = plan_actors(cfg.model, cfg.actors, None)
     manifest = corpus_manifest("membership", [cfg.model], [{"task_documents": table_digest(table)}],
                                {"k": cfg.k, "max_length": max_length, "docs_per_batch": cfg.docs_per_batch})
-    ds = ray.data.from_arrow(table)
+    # One block per batch, cut here rather than by a Ray Data task (the actors hold every CPU): each batch's rows
+    # reach the driver, and the checkpoint, as soon as it is scored (raylm.corpus.resume.blocks_of_batches).
+    step = cfg.docs_per_batch
+    ds = ray.data.from_arrow([table.slice(i, step) for i in range(0, table.num_rows, step)] or [table])
     ds.context.execution_options.preserve_order = True
     parts = []
     verdicts: set[str] = set()
     resumed = 0
     with CorpusCheckpoint(out_dir, manifest, cfg.overwrite, cfg.checkpoint_every_s) as checkpoint:
         # The actors load onto the placement's device (recipe.spec), as `raylm ppl`'s do.
-        scored = blocks_of_batches(ds, cfg.docs_per_batch).map_batches(
+        scored = ds.map_batches(
             Resuming, fn_constructor_args=(DocMembership, (recipe.spec, max_length, cfg.k, recipe.threads),
                                            checkpoint.saved),
             batch_size=cfg.docs_per_batch, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=n),

@@ -21,7 +21,6 @@ batch is scored). The driver saves each position's rows once, so none is counted
 from __future__ import annotations
 
 import hashlib
-import logging
 import threading
 import time
 from types import TracebackType
@@ -36,8 +35,6 @@ from raylm.storage.location import Location
 
 if TYPE_CHECKING:
     import ray.data
-
-log = logging.getLogger(__name__)
 
 BATCH_COLUMN = "batch"  # every row's batch_key, kept in the checkpoint
 START_COLUMN = "batch_start"  # the index in the corpus of the first document of the row's batch, kept in the checkpoint
@@ -139,7 +136,7 @@ def corpus_manifest(kind: str, models: list, data: list[dict[str, Any]], options
 class CorpusCheckpoint:
     """The driver's side: the rows saved so far (saved), and the rows of newly finished batches saved in parts, at
     most `every_s` seconds after they arrived, also while no more rows arrive (a thread of its own, for the
-    `with` block, saves them on time). The block ending in an error saves what finished before it."""
+    `with` block, saves them on time)."""
 
     def __init__(self, out_dir: Location, manifest: dict[str, Any], overwrite: bool, every_s: float):
         self.checkpoint = Checkpoint.open(out_dir, manifest, overwrite, command=manifest["command"])
@@ -170,11 +167,6 @@ class CorpusCheckpoint:
         self.stopped.set()
         if self.timer is not None:
             self.timer.join()
-        if error is not None and self.error is None:
-            try:
-                self.save(final=False)
-            except Exception as e:  # noqa: BLE001 - best effort: the error that ended the block is the one raised
-                log.warning("could not save the finished batches to the checkpoint: %s", e)
 
     def _save_on_time(self) -> None:
         while not self.stopped.wait(max(self.every_s - (time.monotonic() - self.last_save), 0.01)):
