@@ -143,8 +143,8 @@ class CorpusCheckpoint:
         parts = self.checkpoint.tables()
         self.saved = SavedBatches(pa.concat_tables([p.replace_schema_metadata(None) for p in parts]) if parts
                                   else None)
-        shards = self.checkpoint.root / "shards"
-        self.index = len(shards.iterdir()) if shards.is_dir() else 0
+        parts_dir = self.checkpoint.parts
+        self.index = len(parts_dir.iterdir()) if parts_dir.is_dir() else 0
         self.every_s = every_s
         self.pending: list[pa.Table] = []
         self.last_save = time.monotonic()
