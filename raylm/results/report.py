@@ -27,6 +27,7 @@ from raylm.requests.shards import LMEVAL_KIND
 from raylm.results.eval_result import EvalResult, TaskResult
 from raylm.results.metrics import token_perplexity
 from raylm.results.native import lmeval_shape
+from raylm.results.sample_logs import date_id, write_sample_logs
 from raylm.scoring.predictions import choice_predictions
 from raylm.storage.atomic import write_atomic, write_parquet_atomic
 from raylm.storage.location import Location, location
@@ -175,8 +176,6 @@ def write_samples(out_dir: str | os.PathLike[str] | Location, result: EvalResult
                                  tagged(_with_hashes(docs, task)))
     logged = logged_samples(result)
     if logged and sample_logs:
-        from raylm.results.sample_logs import date_id, write_sample_logs
-
         write_sample_logs(out_dir / "samples", logged, date_id())
 
 
