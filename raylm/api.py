@@ -82,7 +82,7 @@ class RayLM(LM):
                                    self.spec.add_bos_token, self.spec.prefix_token_id)
         except ValueError as e:
             raise RaylmError(str(e)) from e
-        # HFLM's: chat_template_args with enable_thinking folded in (True is refused when a template is applied).
+        # HFLM's: chat_template_args with enable_thinking folded in (True is refused above).
         self.chat_template_args = {**(chat_template_args or {}),
                                    **({} if enable_thinking is None else {"enable_thinking": enable_thinking})}
         self._templates: dict[str | None, ChatTemplate] = {}

@@ -90,6 +90,10 @@ class EvalConfig:
     # lm-eval's --predict_only: its tasks' metrics replaced by "bypass" (responses kept, nothing scored against the
     # target), their samples logged
     predict_only: bool = False
+    # HFLM's enable_thinking (also the chat template's argument; True refuses loglikelihood requests, as HFLM does)
+    # and think_end_token (a generation is what follows its last occurrence, as HFLM post-processes it)
+    enable_thinking: bool | None = None
+    think_end_token: str | None = None
 
     def __post_init__(self) -> None:
         # lm-eval evaluates --samples documents in file order whatever order they are listed in, and labels each
@@ -117,6 +121,22 @@ class EvalConfig:
     def seeds(self) -> tuple[int | None, int | None, int | None, int | None]:
         """lm-eval's four seeds: random, numpy, torch, few-shot."""
         return self.random_seed, self.numpy_seed, self.torch_seed, self.fewshot_seed
+
+    def _check_thinking(self) -> None:
+        """HFLM's rules: enable_thinking=True needs think_end_token (its __init__), and no loglikelihood request
+        may be scored with it (its loglikelihood(); lm-eval's tasks are checked once built, in
+        raylm.tasks.lmeval.build). A token id raylm cannot strip by: it strips on the generated text."""
+        if self.enable_thinking and self.think_end_token is None:
+            raise RaylmError("--model_args enable_thinking=True needs think_end_token (as HFLM requires), e.g. "
+                             "think_end_token=</think>")
+        if self.think_end_token is not None and not isinstance(self.think_end_token, str):
+            raise RaylmError(f"--model_args think_end_token={self.think_end_token!r} is a token id; raylm strips the "
+                             "thinking from the generated text, so give the token's text (think_end_token=</think>)")
+        if self.enable_thinking:
+            choice = [name for name in self.tasks if name in TASKS and TASKS[name].kind == "multiple_choice"]
+            if choice:
+                raise RaylmError(f"enable_thinking=True is not compatible with loglikelihood tasks (HFLM refuses it "
+                                 f"too); triggered by task(s): {', '.join(choice)}")
 
     def validate(self) -> None:
         if not self.tasks:
@@ -148,6 +168,7 @@ class EvalConfig:
                 raise RaylmError("--predict_only keeps only the samples: it needs log_samples (as lm-eval forces)")
         if self.chat_template_args and not self.apply_chat_template:
             raise RaylmError("chat_template_args apply only with --apply-chat-template")
+        self._check_thinking()
         if self.gen_kwargs:
             from raylm.requests.generation import check_gen_kwargs
 

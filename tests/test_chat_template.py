@@ -23,6 +23,11 @@ from raylm.data.demo import DEMO_DATA
 NO_SYSTEM = "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}" \
             "{% endif %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
 
+# Qwen3's switch: an empty thinking block in the generation prompt when enable_thinking is false.
+THINKING = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}" \
+           "<|assistant|>\n{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n" \
+           "{% endif %}{% endif %}"
+
 
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
@@ -53,9 +58,31 @@ def test_a_template_that_refuses_a_system_turn_is_applied_without_it(tokenizers)
     assert text == "[user] Hi\n"
 
 
+def test_enable_thinking_reaches_the_template_as_hflm_passes_it(tmp_path):
+    """`--model_args enable_thinking=...,think_end_token=... --apply_chat_template`: the prompt is HFLM's, whose
+    chat_template_args take enable_thinking; a template that reads it renders differently for True and False."""
+    from lm_eval.models.huggingface import HFLM
+
+    from raylm.cli import config_from_args, parse_args
+    from raylm.evaluate import run_prompt
+
+    path = chat_model(tmp_path / "thinking", THINKING)
+    messages = [{"role": "user", "content": "2 + 2?"}]
+    prompts = {}
+    for enable in (True, False):
+        cfg = config_from_args(parse_args(["eval", "--model_args", f"pretrained={path},enable_thinking={enable},"
+                                           "think_end_token=</think>", "--apply_chat_template", "--tasks", "gsm8k"]))
+        cfg.validate()
+        assert (cfg.enable_thinking, cfg.think_end_token) == (enable, "</think>")
+        prompt = run_prompt(cfg, AutoTokenizer.from_pretrained(path))
+        prompts[enable] = prompt.chat_template(messages)
+        hflm = HFLM(pretrained=str(path), enable_thinking=enable, think_end_token="</think>", device="cpu")
+        assert prompts[enable] == hflm.apply_chat_template(messages) and prompt.thinking is enable
+    assert prompts == {True: "<|user|>2 + 2?\n<|assistant|>\n",
+                       False: "<|user|>2 + 2?\n<|assistant|>\n<think>\n\n</think>\n\n"}
+
+
 def test_template_arguments_hflm_refuses_are_refused(tokenizers):
-    with pytest.raises(RaylmError, match="enable_thinking=True"):
-        ChatTemplate(tokenizers["named"], args={"enable_thinking": True})
     with pytest.raises(RaylmError, match="--apply-chat-template NAME"):
         ChatTemplate(tokenizers["named"], args={"chat_template": "chatml"})
 

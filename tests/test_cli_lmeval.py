@@ -73,6 +73,13 @@ LINES = [
                                                                              "log_samples": True}),
     ("lm_eval -a pretrained=gpt2 -t arc_easy -x -o out", {"predict_only": True, "log_samples": True}),
     ("lm_eval --model raylm --model_args pretrained=gpt2 --tasks hellaswag", {"model.path": "gpt2"}),  # RayLM
+    # HFLM's thinking switches: enable_thinking reaches the chat template, think_end_token the generations.
+    ("lm_eval --model hf --model_args pretrained=Qwen/Qwen3-0.6B,enable_thinking=True,think_end_token=</think> "
+     "--apply_chat_template --tasks gsm8k",
+     {"enable_thinking": True, "think_end_token": "</think>", "chat_template_args": {"enable_thinking": True}}),
+    ("lm_eval --model_args pretrained=gpt2,enable_thinking=False --tasks gsm8k",
+     {"enable_thinking": False, "chat_template_args": None}),
+    ("lm_eval --model_args pretrained=gpt2 --tasks gsm8k --seed 1,2,3", {"seeds": (1, 2, 3, 1234)}),
     ("lm_eval --model_args pretrained=gpt2 --tasks gsm8k --gen_kwargs '{\"max_gen_toks\": 16, \"top_k\": 5}'",
      {"gen_kwargs": {"max_gen_toks": 16, "top_k": 5}}),
 ]
@@ -88,10 +95,14 @@ REFUSED = [
     ("--model sglang --tasks hellaswag", "lm-eval's sglang model type"),
     ("--model hf --tasks hellaswag", "pretrained=..."),
     ("--model_args pretrained=gpt2,parallelize=True --tasks hellaswag", "parallelize"),
-    ("--model_args pretrained=gpt2,enable_thinking=True --tasks hellaswag", "enable_thinking"),
+    ("--model_args pretrained=gpt2,enable_thinking=True --tasks gsm8k", "enable_thinking=True needs think_end_token"),
+    ("--model_args pretrained=gpt2,enable_thinking=True,think_end_token=</think> --tasks hellaswag",
+     "enable_thinking=True is not compatible with loglikelihood tasks"),
     ("--model_args pretrained=gpt2,tokenizer=gpt2-large --tasks hellaswag", "tokenizer= is not supported"),
     ("--model_args pretrained=gpt2,dtype=bfloat16 --dtype float16 --tasks hellaswag", "contradicts --dtype"),
     ("--model gpt2 --tasks hellaswag --output out --output_path out", "--output and --output_path: choose one"),
+    ("--model_args pretrained=gpt2 --tasks hellaswag --device mps", "--device mps (Apple's Metal) is not supported"),
+    ("--model_args pretrained=gpt2,device=mps --tasks hellaswag", "--device mps (Apple's Metal) is not supported"),
 ]
 
 

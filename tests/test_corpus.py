@@ -26,6 +26,7 @@ from raylm.cli import main
 from raylm.cluster.actors import score_shard
 from raylm.config import EvalConfig
 from raylm.corpus.doc_scoring import DocPerplexity
+from raylm.corpus.resume import CorpusCheckpoint, batch_key, tagged
 from raylm.corpus.run import CorpusConfig, results_dict, run_corpus
 from raylm.errors import RaylmError
 from raylm.models.context import resolve_max_length
@@ -328,6 +329,67 @@ def test_a_killed_run_resumes_from_its_checkpoint_to_an_undisturbed_runs_numbers
         os.utime(first, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
+def test_saved_rows_answer_each_identical_neighbouring_batch_with_its_own_rows(tmp_path):
+    """Four neighbouring batches of the same two documents share a key: the driver saves each at its position,
+    and a rerun answers a batch of those documents with one batch's rows, never the four's run together; saved
+    rows of another count (a batch cut differently) are never used."""
+    batch = pa.table({"path": ["a.txt"] * 2, "text": ["same line"] * 2})
+    key = batch_key(batch)
+    rows = tagged(pa.table({"nll": [1.5, 2.5]}), key, resumed=False)
+    manifest = {"command": "ppl", "code": {"raylm": "test"}}
+    with CorpusCheckpoint(location(tmp_path), manifest, overwrite=False, every_s=0) as checkpoint:
+        for _ in range(4):
+            assert checkpoint.add(rows).equals(pa.table({"nll": [1.5, 2.5]}))
+        checkpoint.save(final=True)
+    reopened = CorpusCheckpoint(location(tmp_path), manifest, overwrite=False, every_s=0)
+    assert reopened.saved.positions == {(key, 0), (key, 2), (key, 4), (key, 6)}
+    assert reopened.saved.answer(batch, key)["nll"].to_pylist() == [1.5, 2.5]
+    assert reopened.saved.answer(pa.concat_tables([batch, batch]), key) is None
+    assert reopened.saved.answer(batch, "another key") is None
+
+
+def test_a_finished_batch_is_saved_on_time_with_no_more_rows_arriving(tmp_path):
+    """--checkpoint-every holds while nothing arrives: a batch that finished just after a save is saved once the
+    interval has passed, not when (if ever) the next batch comes."""
+    batch = pa.table({"path": ["a.txt"] * 2, "text": ["one", "two"]})
+    rows = tagged(pa.table({"nll": [1.5, 2.5]}), batch_key(batch), resumed=False)
+    manifest = {"command": "ppl", "code": {"raylm": "test"}}
+    shards = tmp_path / "on-time" / CHECKPOINT_DIR / "shards"
+    with CorpusCheckpoint(location(tmp_path / "on-time"), manifest, overwrite=False, every_s=0.2) as checkpoint:
+        checkpoint.last_save = time.monotonic()
+        checkpoint.add(rows)
+        deadline = time.monotonic() + 60
+        while not (shards.is_dir() and any(shards.iterdir())):
+            assert time.monotonic() < deadline, "the finished batch was never saved"
+            time.sleep(0.05)
+    assert pq.read_table(next(shards.iterdir()))["nll"].to_pylist() == [1.5, 2.5]
+
+
+def test_a_corpus_of_identical_lines_resumes_to_an_undisturbed_runs_numbers(spec, lines, tmp_path):
+    """32 identical lines, then 32 others, 4 to a batch: 8 batches of one key. A run cut back to its first part (the
+    first of those batches) answers every batch of that key from it (the same documents, scored alone: the same
+    rows) and scores the rest, to the undisturbed run's 64 documents, sums and per-document rows; its checkpoint
+    then holds every batch once, each at its own position."""
+    data = tmp_path / "same.txt"
+    data.write_text("the same boilerplate line\n" * 32 + "".join(f"{t}\n" for t in lines[:32]), encoding="utf-8")
+    kwargs = {"max_length": 64, "docs_per_batch": 4, "checkpoint_every_s": 0}
+    whole, whole_docs = run(spec, str(data), tmp_path / "whole", **kwargs)
+    assert whole.metrics["docs"] == 64
+    shutil.copytree(tmp_path / "whole", tmp_path / "out")
+    shards = tmp_path / "out" / CHECKPOINT_DIR / "shards"
+    parts = sorted(shards.iterdir())
+    assert len(parts) > 1
+    for part in parts[1:]:
+        part.unlink()
+    (tmp_path / "out" / "results.json").unlink()
+    resumed, docs = run(spec, str(data), tmp_path / "out", **kwargs)
+    assert resumed.metrics == whole.metrics
+    assert docs.equals(whole_docs)
+    assert pq.read_table(parts[0]).num_rows == 4 and resumed.docs_resumed == 32
+    saved = pa.concat_tables(pq.read_table(part) for part in sorted(shards.iterdir()))
+    assert saved.num_rows == 64 and len(set(saved["batch_start"].to_pylist())) == 16
+
+
 def test_domain_figures_are_lm_evals_rolling_loglikelihood_summed_per_domain(domain_run, tiny_gpt2):
     """Each file of the gzip'd JSONL corpus a domain (`--domain-column path`): its sums are lm-eval's
     loglikelihood_rolling (HFLM, batch 16, the same 64-token windows) summed over the domain's documents, its
@@ -357,14 +419,19 @@ def test_domain_figures_are_lm_evals_rolling_loglikelihood_summed_per_domain(dom
     assert math.fsum(m["nll_sum"] for m in figures.values()) == pytest.approx(result.metrics["nll_sum"], rel=1e-12)
 
 
-def test_cli_ppl_killed_with_its_ray_resumes_from_s3_to_an_undisturbed_runs_numbers(domain_run, s3, tmp_path, capsys):
-    """`raylm ppl` with its output on S3 (moto's server) SIGKILLed, driver and its local Ray, once a checkpoint part
-    is stored; the same command resumes those documents, says so, and ends with domain_run's numbers."""
-    spec, data, _, domains, _, whole, whole_docs = domain_run
+def test_cli_ppl_killed_with_its_ray_resumes_from_s3_to_an_undisturbed_runs_numbers(spec, lines, s3, tmp_path,
+                                                                                   capsys):
+    """`raylm ppl --checkpoint-every 1` over 8 small Parquet files (which Ray Data reads as one block), its output
+    on S3 (moto's server), SIGKILLed, driver and its local Ray, once a checkpoint part is stored: one is while
+    most of the corpus is still to score, since every scored batch reaches the driver as it is done. The same
+    command resumes those documents, says so, and ends with an undisturbed run's numbers, domain by domain."""
+    data = write_shards(tmp_path / "data", lines, "parquet", shards=8)
+    whole, whole_docs = run(spec, data, tmp_path / "whole", text_column="body", domain_column="path", max_length=64,
+                            docs_per_batch=4, checkpoint_every_s=0)
     out = f"{s3}/ppl"
     args = ["ppl", "--model", spec.path, "--dtype", "float32", "--device", "cpu", "--data", data,
-            "--domain-column", "path", "--max-length", "64", "--docs-per-batch", "4", "--checkpoint-every", "0",
-            "--output", out, "--no-progress"]
+            "--text-column", "body", "--domain-column", "path", "--max-length", "64", "--docs-per-batch", "4",
+            "--checkpoint-every", "1", "--output", out, "--no-progress"]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", SHARD_DELAY_ENV: "0.5"}
     env.pop("RAY_ADDRESS", None)
     parts = location(out) / CHECKPOINT_DIR / "shards"
@@ -387,9 +454,9 @@ def test_cli_ppl_killed_with_its_ray_resumes_from_s3_to_an_undisturbed_runs_numb
     printed = capsys.readouterr().out
     summary = printed.strip().splitlines()[-1]
     resumed = int(summary.split("; ")[1].split()[0])
-    assert 0 < resumed < whole.metrics["docs"], summary
+    assert 0 < resumed < whole.metrics["docs"] / 2, summary  # not the whole corpus but its last batch, saved at the end
     assert f"; {resumed} of {whole.metrics['docs']} documents resumed from checkpoint; " in summary
-    assert all(path in printed for path in domains) and "macro average" in printed  # every domain's row
+    assert all(path in printed for path in whole_docs["path"].unique().to_pylist()) and "macro average" in printed
     assert json.loads((location(out) / "results.json").read_bytes())["results"]["ppl"] == json.loads(
         json.dumps(whole.metrics))
     with (location(out) / "samples" / "ppl.parquet").open_input() as f:

@@ -41,7 +41,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CLI_PAGE = REPO / "docs" / "cli.md"
 GENERATED = "<!-- generated from the parser: python tests/test_docs.py --write -->"
-COMMANDS = ("eval", "sweep", "ppl", "kl", "probe", "contamination", "membership", "compare", "report")
+COMMANDS = ("eval", "sweep", "ppl", "kl", "probe", "contamination", "membership", "compare", "report", "tasks")
 HELP_COLUMNS = "100"
 # Commands whose first words are these are exercised elsewhere; the reason says where.
 EXERCISED_ELSEWHERE = {

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet  # noqa: F401  (pa.parquet)
 import pytest
+from conftest import STORIES
 from generation_tasks import write_generation_tasks
 from lm_eval.api.model import LM
 from lm_eval.models.huggingface import HFLM
@@ -21,6 +22,7 @@ from lm_eval.tasks import TaskManager
 from lm_eval.utils import handle_non_serializable
 
 from raylm.errors import RaylmError
+from raylm.models.spec import ModelSpec
 from raylm.requests.encoding import Encoder
 from raylm.requests.generation import ModelSampling, generation_table, request_seed
 from raylm.requests.lmeval import request_tables
@@ -138,6 +140,65 @@ def test_raylms_results_for_fixed_generations_are_lm_evals_own(gen_tasks, names,
             assert generations["generations"].to_pylist() == [r for s in first_filter for r in s["resps"]]
         assert docs["filtered_resps"].to_pylist() == [json.dumps(s["filtered_resps"], ensure_ascii=False)
                                                       for s in samples]
+
+
+def test_think_end_token_strips_each_generation_as_hflm_does(gen_tasks):
+    """HFLM's think_end_token: each answer is what follows the token's last occurrence, before any filter. raylm's
+    results for generations with thinking (cut at their stop strings, as raylm's engine returns them) are lm-eval's
+    own around a model whose answers are HFLM's post-processing of the same raw generations."""
+    from lm_eval.models.utils import postprocess_generated_text
+
+    from raylm.config import EvalConfig
+    from raylm.evaluate import _lmeval_results
+    from raylm.results.eval_result import TaskResult
+    from raylm.results.report import thinking_record
+
+    task, think = "gsm8k_local", "</think>"
+    built = load_and_build(select([task], gen_tasks), SEEDS, None, 6)
+    until = {(r.doc_id, r.idx): handle_stop_sequences(list(r.arguments[1]["until"]), eos="<|endoftext|>")
+             for r in built.requests(task)}
+    wraps = ("<think>\nSo 2 + 2 = 5?\n</think>\n\n", "", "a</think>b</think> \n", "Thinking.</think>")
+    raw = {key: wraps[i % len(wraps)] + text for i, (key, text) in enumerate(sorted(fixed_texts(built).items()))}
+    engine = {}  # raylm's engine returns each generation cut at its stop strings (final_text)
+    for key, text in raw.items():
+        for term in until[key[1:3]]:
+            text = text.split(term)[0]
+        engine[key] = text
+    requests = pa.table({"doc_id": [d for d, _ in until], "req_idx": [i for _, i in until],
+                         "until": list(until.values())})
+    cfg = EvalConfig(ModelSpec(str(STORIES)), (task,), think_end_token=think, bootstrap_iters=200, log_samples=True)
+    ours = _lmeval_results(cfg, built, {task: (LMEVAL_KIND, requests)},
+                           {task: TaskResult(task, LMEVAL_KIND, {}, {}, 0, scored_generations(engine, task))}, None)
+    hflm = {key: postprocess_generated_text(text, until[key[1:3]], think) for key, text in raw.items()}
+    assert hflm != engine
+    arguments = {(task, r.doc_id, r.idx): r.arguments for r in built.requests(task)}
+    theirs = lm_eval.simple_evaluate(model=ReplayLM(hflm, {}, arguments), tasks=[task], limit=6, bootstrap_iters=200,
+                                     task_manager=TaskManager(include_path=str(gen_tasks), include_defaults=False),
+                                     random_seed=SEEDS[0], numpy_random_seed=SEEDS[1], torch_random_seed=SEEDS[2],
+                                     fewshot_random_seed=SEEDS[3], log_samples=True)
+    for key in ("results", "samples"):
+        assert json.dumps(ours[key], default=handle_non_serializable) == \
+            json.dumps(theirs[key], default=handle_non_serializable), key
+    assert thinking_record(cfg) == {"think_end_token": think}  # results.json's config says how answers were cut
+
+
+def test_enable_thinking_refuses_loglikelihood_tasks_as_hflm_does(gen_tasks):
+    """HFLM refuses loglikelihood requests under enable_thinking=True (and needs think_end_token with it); its
+    generation tasks run."""
+    from raylm.config import EvalConfig
+    from raylm.tasks.prompt import PromptFormat
+
+    thinking = PromptFormat(thinking=True)
+    with pytest.raises(RaylmError, match=r"not compatible with loglikelihood tasks .*: gsm8k_ll_local$"):
+        load_and_build(select(["gen_mixed_local"], gen_tasks), SEEDS, None, 2, prompt=thinking)
+    assert load_and_build(select(["gsm8k_local"], gen_tasks), SEEDS, None, 2, prompt=thinking).requests("gsm8k_local")
+    model = ModelSpec(str(STORIES))
+    for fields, message in (({"enable_thinking": True}, "needs think_end_token"),
+                            ({"think_end_token": 151668}, "is a token id"),
+                            ({"enable_thinking": True, "think_end_token": "</think>", "tasks": ("gsm8k", "hellaswag")},
+                             "triggered by task.s.: hellaswag$")):
+        with pytest.raises(RaylmError, match=message):
+            EvalConfig(model, **{"tasks": ("gsm8k",), **fields}).validate()
 
 
 def hflm_contexts(lm: HFLM, prompts: list[str], room: int) -> list[list[int]]:

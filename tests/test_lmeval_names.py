@@ -4,6 +4,7 @@ with close matches, generate_until, the missing `tasks` extra)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -167,6 +168,17 @@ def test_seed_is_lm_evals_seed_flag():
     assert parse([]).num_fewshot is None and parse([]).bootstrap_iters == 100000
 
 
+@pytest.mark.parametrize("value", ["1,2,3", "7, None ,8", "5", "0,None,8,52"])
+def test_seed_values_are_read_as_lm_evals_run_parser_reads_them(value):
+    """Three values: lm-eval fills the fourth (fewshot) from its default seeds."""
+    from lm_eval._cli.run import Run
+
+    parser = argparse.ArgumentParser()
+    Run.create(parser.add_subparsers())
+    theirs = parser.parse_args(["run", "--seed", value]).seed
+    assert build_parser().parse_args(["eval", "--seed", value]).seed == tuple(theirs)
+
+
 @pytest.mark.parametrize("value", ["x", "1,2", "1,2,3,4,5"])
 def test_bad_seed_is_a_usage_error(value, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -304,6 +316,38 @@ def test_a_task_file_in_tasks_is_the_task_lm_evals_cli_loads_from_it(local_tasks
     assert our_config == their_config
 
 
+def test_a_folder_in_tasks_is_its_task_files_as_lm_evals_cli_reads_it(local_tasks, tmp_path, monkeypatch):
+    """`--tasks DIR`: lm-eval's CLI (EvaluatorConfig.process_tasks) loads every DIR/*.yaml as a task file, unless
+    DIR is also the name of a task, which it then runs instead; raylm names the same tasks."""
+    import lm_eval.tasks
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    from raylm.cli import config_from_args, parse_args
+    from raylm.tasks.lmeval import names
+
+    # Neither side's answer here depends on lm-eval's own tasks: both index the include path alone.
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda **kw: TaskManager(include_defaults=False, **kw))
+    monkeypatch.setattr(names, "builtin_index", dict)
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "arc_easy_local.yaml").write_text((local_tasks / "arc_easy_local.yaml").read_text())
+    theirs = EvaluatorConfig(tasks=str(folder))
+    theirs.process_tasks()
+    cfg = config_from_args(parse_args(["eval", "--model", str(STORIES), "--tasks", str(folder)]))
+    assert cfg.tasks == tuple(config["task"] for config in theirs.tasks) == ("arc_easy_local",)
+    assert cfg.include_path == folder.resolve()
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "arc_easy_local").mkdir()
+    argv = ["--tasks", "arc_easy_local", "--include-path", str(local_tasks)]
+    theirs = EvaluatorConfig(tasks="arc_easy_local", include_path=str(local_tasks))
+    theirs.process_tasks()
+    cfg = config_from_args(parse_args(["eval", "--model", str(STORIES), *argv]))
+    assert cfg.tasks == tuple(theirs.tasks) == ("arc_easy_local",) and cfg.include_path == local_tasks
+    with pytest.raises(RaylmError, match="without task files"):
+        config_from_args(parse_args(["eval", "--model", str(STORIES), "--tasks", str(tmp_path / "arc_easy_local")]))
+
+
 def test_task_files_raylm_cannot_read_as_lm_eval_does_are_refused_in_one_line(local_tasks, tmp_path):
     from raylm.tasks.lmeval.names import task_files
 
@@ -318,3 +362,27 @@ def test_task_files_raylm_cannot_read_as_lm_eval_does_are_refused_in_one_line(lo
             ([str(local_tasks / "arc_easy_local.yaml")], tmp_path, "span 2 folders")):
         with pytest.raises(RaylmError, match=message):
             task_files(names, include)
+
+
+def test_raylm_tasks_is_lm_evals_listing_of_tasks_groups_and_tags(local_tasks, capsys, monkeypatch):
+    """`raylm tasks` / `raylm ls WHAT` print lm-eval's own list_all_tasks (as `lm-eval ls WHAT` does) over lm-eval's
+    tasks and --include-path's; the include path's listing is compared with lm-eval's of it alone (its subtasks
+    listing reads every YAML: for lm-eval's own 14,000 that takes minutes)."""
+    from raylm.cli import main
+
+    assert main(["tasks", "groups"]) == 0
+    assert "\n|mmlu " in capsys.readouterr().out
+    assert main(["ls", "tags"]) == 0
+    assert "\n|ai2_arc " in capsys.readouterr().out
+    theirs = TaskManager(include_path=str(local_tasks), include_defaults=False)
+    monkeypatch.setattr(index_cache, "builtin_index", dict)
+    listings = {"tasks": {}, "groups": {"list_subtasks": False, "list_tags": False},
+                "subtasks": {"list_groups": False, "list_tags": False},
+                "tags": {"list_groups": False, "list_subtasks": False}}
+    for what, kwargs in listings.items():
+        assert main(["ls", what, "--include_path", str(local_tasks)]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("raylm's native tasks") and out.endswith(theirs.list_all_tasks(**kwargs) + "\n")
+    assert main(["tasks", "--include-path", str(local_tasks)]) == 0
+    out = capsys.readouterr().out
+    assert all(f"\n|{name} " in out for name in ("mmlu_local", "mmlu_local_stem_tasks", "arc_easy_local"))

@@ -19,6 +19,7 @@ from raylm.errors import RaylmError
 from raylm.results.sample_logs import date_id, sample_log_name
 from raylm.storage.atomic import write_atomic, write_parquet_atomic
 from raylm.storage.location import location
+from raylm.storage import ownership
 from raylm.storage.ownership import check_results_owner, tagged
 
 pytest_plugins = ["faulty_fs"]  # its fixture: faulty
@@ -101,3 +102,21 @@ def test_a_sweep_point_moved_aside_and_cut_short_is_one_the_next_sweep_accepts(f
     with pytest.raises(OSError, match="Connection reset"):
         point.move(location("faulty://sweep/superseded/then/model/point"))
     Checkpoint(point, {**MANIFEST, "data": "another config"}).refuse_foreign()
+
+
+def test_overwrite_removes_what_a_stage_registered_as_its_own(tmp_path, monkeypatch):
+    """The ground floor knows no stage's layout: a stage registers the folder of its checkpoint parts and how a file
+    it cannot mark names the Parquet file that proves it raylm's; --overwrite removes those, and nothing else."""
+    monkeypatch.setattr(ownership, "_CHECKPOINT_PARTS", set(ownership._CHECKPOINT_PARTS))
+    monkeypatch.setattr(ownership, "_COMPANIONS", list(ownership._COMPANIONS))
+    ownership.own_checkpoint_parts("extra")
+    ownership.own_companions(lambda name: name.removesuffix(".log") + ".parquet" if name.endswith(".log") else None)
+    write_atomic(tmp_path / "checkpoint" / "manifest.json", json.dumps(MANIFEST).encode())
+    write_parquet_atomic(tmp_path / "checkpoint" / "extra" / "0.parquet", tagged(pa.table({"x": [1]})))
+    samples = tmp_path / "samples"
+    write_parquet_atomic(samples / "task.parquet", tagged(pa.table({"x": [1]})))
+    for name in ("task.log", "other.log"):
+        (samples / name).write_text("{}\n")
+    Checkpoint.open(tmp_path, MANIFEST, overwrite=True)
+    assert not (tmp_path / "checkpoint" / "extra").exists()
+    assert sorted(p.name for p in samples.iterdir()) == ["other.log"]

@@ -23,6 +23,7 @@ from raylm.cli.options import output_dir
 from raylm.cli.probe import add_probe_command
 from raylm.cli.report import add_report_command
 from raylm.cli.sweep import add_sweep_command
+from raylm.cli.tasks import add_tasks_command
 from raylm.data.demo import DEMO_MODEL
 from raylm.errors import RaylmError, RemoteError, first_line
 from raylm.storage.atomic import write_atomic
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_membership_command(sub)
     add_compare_command(sub)
     add_report_command(sub)
+    add_tasks_command(sub)
     return parser
 
 

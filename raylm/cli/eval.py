@@ -4,6 +4,7 @@ in raylm.evaluate."""
 from __future__ import annotations
 
 import argparse
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from raylm.storage.location import prepare_output
 from raylm.storage.lock import output_lock
 from raylm.tasks import TASKS
 
+log = logging.getLogger(__name__)
+
 
 def _batch_size(text: str) -> int | None:
     try:
@@ -33,15 +36,23 @@ def _batch_size(text: str) -> int | None:
 
 
 def _seeds(text: str) -> tuple[int | None, ...]:
-    """lm-eval's --seed: one integer for all four generators, or random,numpy,torch,fewshot ('None': unseeded)."""
+    """lm-eval's --seed (its _int_or_none_list_arg_type(3, 4, "0,1234,1234,1234")): one integer for all four
+    generators, or random,numpy,torch[,fewshot] ('None': unseeded), a missing fewshot seed filled from the
+    defaults with lm-eval's warning."""
     try:
         values = [None if v.strip().lower() == "none" else int(v) for v in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer or four comma-separated integers/None, got {text!r}") \
             from None
-    if len(values) not in (1, 4):
-        raise argparse.ArgumentTypeError(f"must be one value or four (random,numpy,torch,fewshot), got {text!r}")
-    return tuple(values * 4 if len(values) == 1 else values)
+    if len(values) == 1:
+        return tuple(values * 4)
+    if len(values) not in (3, 4):
+        raise argparse.ArgumentTypeError(f"must be one value, or three or four (random,numpy,torch[,fewshot]), got "
+                                         f"{text!r}")
+    if len(values) == 3:
+        log.warning("--seed %s: no fewshot seed given; it is the default %s (as lm-eval fills it)", text,
+                    DEFAULT_SEEDS[3])
+    return (*values, *DEFAULT_SEEDS[len(values):])
 
 
 DEFAULT_SEEDS = (DEFAULT_RANDOM_SEED, DEFAULT_OTHER_SEED, DEFAULT_OTHER_SEED, DEFAULT_FEWSHOT_SEED)
@@ -74,7 +85,7 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
                     help="lm-eval's --model_args: pretrained=...,dtype=...,revision=...,peft=..., or a JSON object")
     ev.add_argument("--tasks", nargs="+", default=[",".join(TASKS)],
                     help=f"comma- or space-separated: native ({', '.join(TASKS)}) or any lm-eval task, group, tag, "
-                         "pattern or task file (path/to/task.yaml, globs too)")
+                         "pattern or task file (path/to/task.yaml, globs too), or one folder of task files")
     ev.add_argument("--include-path", type=Path, help="directory of your own lm-eval task YAMLs (lm-eval's flag)")
     ev.add_argument("--limit", type=_limit, help="first N documents of each task, or below 1 a fraction of them")
     ev.add_argument("--samples", type=read_samples, metavar="JSON|FILE",
@@ -131,8 +142,8 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--wandb-config-args", nargs="+", action=PairsAction, metavar="KEY=VALUE",
                     help="lm-eval's --wandb_config_args: added to the W&B run's config")
     ev.add_argument("--seed", type=_seeds, default=DEFAULT_SEEDS,
-                    help="lm-eval's --seed: S for all of random,numpy,torch,fewshot, or four values "
-                         f"(default {','.join(map(str, DEFAULT_SEEDS))})")
+                    help="lm-eval's --seed: S for all of random,numpy,torch,fewshot, or three or four values, "
+                         f"a missing one taken from the default ({','.join(map(str, DEFAULT_SEEDS))})")
     ev.add_argument("--decontaminate", type=Path, metavar="DIR",
                     help="a `raylm contamination` output: every metric again on the clean documents alone, as "
                          "<metric>_decontaminate (lm-eval's name)")
@@ -142,6 +153,8 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
                          "for generation tasks, documents and tokens generated)")
     ev.add_argument("--num-gpus", type=float, help="GPUs per actor; fractions pack several actors on one GPU")
     add_scorer_options(ev)
+    # HFLM's enable_thinking and think_end_token, given only in --model_args (raylm.cli.lmeval.apply_model_args)
+    ev.set_defaults(enable_thinking=None, think_end_token=None)
 
 
 def eval_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -167,6 +180,10 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
     spec = model_spec(args, model, args.revision, scorer=args.scorer, pll=args.pll, max_length=args.max_length,
                       peft=args.peft, add_bos_token=args.add_bos_token, prefix_token_id=args.prefix_token_id)
     tasks, include_path = task_names(args.tasks), args.include_path
+    if len(tasks) == 1 and tasks[0] not in TASKS and Path(tasks[0]).is_dir():
+        from raylm.tasks.lmeval.names import task_folder
+
+        tasks = task_folder(tasks[0], include_path)
     if any(name.endswith(".yaml") for name in tasks):
         from raylm.tasks.lmeval.names import task_files
 
@@ -183,6 +200,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
                       metadata=parse_pairs(args.metadata, "--metadata") if args.metadata else None,
                       apply_chat_template=args.apply_chat_template, fewshot_as_multiturn=args.fewshot_as_multiturn,
                       system_instruction=args.system_instruction, chat_template_args=chat_args,
+                      enable_thinking=args.enable_thinking, think_end_token=args.think_end_token,
                       placement_timeout_s=args.placement_timeout,
                       gen_kwargs=parse_pairs(args.gen_kwargs, "--gen_kwargs") if args.gen_kwargs else None)
 

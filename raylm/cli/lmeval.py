@@ -192,6 +192,8 @@ MODEL_ARGS: dict[str, tuple[str, Callable[[str], Callable[[Any], Any]]]] = {
     "max_length": ("max_length", _count), "device": ("device", _text), "batch_size": ("batch_size", _text),
     "load_in_4bit": ("load_in_4bit", _flag), "load_in_8bit": ("load_in_8bit", _flag),
 }
+# HFLM arguments about its prompts and generations, which raylm reads into its run's settings.
+HFLM_PROMPT_ARGS = ("chat_template_args", "enable_thinking", "think_end_token")
 # HFLM arguments accepted at the one value that leaves raylm's behaviour as HFLM's.
 ACCEPTED_AT = {"use_fast_tokenizer": True, "backend": "causal", "parallelize": False}
 
@@ -238,10 +240,10 @@ def apply_model_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
                                  f"{key}={ACCEPTED_AT[key]!r}")
             continue
         if key == "enable_thinking":
-            if value is not False:
-                raise RaylmError("--model_args enable_thinking=True is not compatible with loglikelihood tasks "
-                                 "(HFLM refuses it too)")
-            args.chat_template_args = {**(args.chat_template_args or {}), "enable_thinking": False}
+            args.enable_thinking = _flag(key)(value)
+            continue
+        if key == "think_end_token":
+            args.think_end_token = value
             continue
         if key == "chat_template_args":
             extra = value if isinstance(value, dict) else parse_pairs([str(value)], "chat_template_args")
@@ -249,7 +251,7 @@ def apply_model_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             continue
         if key not in MODEL_ARGS:
             raise RaylmError(f"--model_args {key}= is not supported by raylm (it takes "
-                             f"{', '.join([*MODEL_ARGS, 'chat_template_args', 'enable_thinking'])})")
+                             f"{', '.join([*MODEL_ARGS, *HFLM_PROMPT_ARGS])})")
         dest, convert = MODEL_ARGS[key]
         converted = convert(key)(value)
         if dest == "batch_size":
@@ -258,3 +260,6 @@ def apply_model_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         if current != default and current != converted:
             raise RaylmError(f"--model_args {key}={value!r} contradicts --{dest.replace('_', '-')} {current!r}")
         setattr(args, dest, converted)
+    if args.enable_thinking is not None and args.apply_chat_template:
+        # HFLM: chat_template_args | {"enable_thinking": ...}, which apply only with --apply-chat-template
+        args.chat_template_args = {**(args.chat_template_args or {}), "enable_thinking": args.enable_thinking}

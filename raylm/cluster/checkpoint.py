@@ -43,6 +43,7 @@ from raylm.storage.ownership import (
     MANIFEST,
     RESULTS,
     check_results_owner,
+    own_checkpoint_parts,
     remove_raylm_files,
     tagged,
 )
@@ -57,6 +58,8 @@ _TOKENS_IN_REQUESTS_KEY = b"raylm.tokens_in_requests"
 _COMPUTED_TOKENS_KEY = b"raylm.computed_tokens"
 SCORING_LIBRARIES = ("torch", "transformers", "lm_eval")
 RAYLM_ROOT = Path(raylm.__file__).parent
+PARTS = "shards"  # DIR/checkpoint/shards/<index>.parquet: a shard each, or a corpus run's parts
+own_checkpoint_parts(PARTS)
 
 
 def table_digest(table: pa.Table) -> str:
@@ -215,8 +218,12 @@ class Checkpoint:
     def refuse_foreign(self) -> None:
         check_results_owner(self.out_dir, self.command, checkpoint=True)
 
+    @property
+    def parts(self) -> Location:
+        return self.root / PARTS
+
     def shard_path(self, index: int) -> Location:
-        return self.root / "shards" / f"{index:06d}.parquet"
+        return self.parts / f"{index:06d}.parquet"
 
     def save(self, shard: Shard, scored: ScoredShard) -> None:
         tags = {_PID_KEY: str(scored.pid).encode(), _DEVICE_KEY: str(scored.device).encode(),
@@ -240,7 +247,7 @@ class Checkpoint:
 
     def tables(self) -> list[pa.Table]:
         """Every part saved with save_table, in index order (a corpus run's checkpoint: raylm.corpus.resume)."""
-        parts = self.root / "shards"
+        parts = self.parts
         if not parts.is_dir():
             return []
         out = []
@@ -255,7 +262,7 @@ class Checkpoint:
     def load(self, shards: list[Shard]) -> dict[int, ScoredShard]:
         """Finished shards by index; a file that does not hold exactly its shard's requests is scored again."""
         done: dict[int, ScoredShard] = {}
-        written = {p.name for p in (self.root / "shards").iterdir()}  # one listing, not a request per shard
+        written = {p.name for p in self.parts.iterdir()}  # one listing, not a request per shard
         for shard in shards:
             path = self.shard_path(shard.index)
             if path.name not in written:

@@ -31,7 +31,7 @@ from raylm.contamination.documents import load_scan_tasks
 from raylm.cluster.checkpoint import table_digest
 from raylm.corpus import CHECKPOINT_EVERY_S, MEMBERSHIP_DOCS_PER_BATCH
 from raylm.corpus.doc_scoring import DocMembership, take_prefix_sharing
-from raylm.corpus.resume import BATCH_COLUMN, RESUMED_COLUMN, CorpusCheckpoint, Resuming, corpus_manifest
+from raylm.corpus.resume import RESUMED_COLUMN, CorpusCheckpoint, Resuming, corpus_manifest
 from raylm.corpus.run import model_max_length
 from raylm.corpus.stream import stream_batches
 from raylm.errors import RaylmError
@@ -115,24 +115,27 @@ def _run_membership(cfg: MembershipConfig, out_dir: Location) -> dict[str, Any]:
     recipe, n = plan_actors(cfg.model, cfg.actors, None)
     manifest = corpus_manifest("membership", [cfg.model], [{"task_documents": table_digest(table)}],
                                {"k": cfg.k, "max_length": max_length, "docs_per_batch": cfg.docs_per_batch})
-    checkpoint = CorpusCheckpoint(out_dir, manifest, cfg.overwrite, cfg.checkpoint_every_s)
-    ds = ray.data.from_arrow(table)
+    # One block per batch, cut here rather than by a Ray Data task (the actors hold every CPU): each batch's rows
+    # reach the driver, and the checkpoint, as soon as it is scored (raylm.corpus.resume.blocks_of_batches).
+    step = cfg.docs_per_batch
+    ds = ray.data.from_arrow([table.slice(i, step) for i in range(0, table.num_rows, step)] or [table])
     ds.context.execution_options.preserve_order = True
-    # The actors load onto the placement's device (recipe.spec), as `raylm ppl`'s do.
-    scored = ds.map_batches(Resuming, fn_constructor_args=(DocMembership, (recipe.spec, max_length, cfg.k,
-                                                                           recipe.threads), checkpoint.saved),
-                            batch_size=cfg.docs_per_batch, batch_format="pyarrow",
-                            compute=ray.data.ActorPoolStrategy(size=n), **recipe.options())
     parts = []
     verdicts: set[str] = set()
     resumed = 0
-    with tqdm(total=table.num_rows, unit="doc", disable=not cfg.progress, desc="scoring") as bar:
-        for batch in stream_batches(scored, "membership scoring"):
-            checkpoint.add(batch)
-            resumed += pc.sum(batch[RESUMED_COLUMN]).as_py() or 0
-            parts.append(take_prefix_sharing(batch.drop_columns([RESUMED_COLUMN, BATCH_COLUMN]), verdicts))
-            bar.update(batch.num_rows)
-    checkpoint.save(final=True)
+    with CorpusCheckpoint(out_dir, manifest, cfg.overwrite, cfg.checkpoint_every_s) as checkpoint:
+        # The actors load onto the placement's device (recipe.spec), as `raylm ppl`'s do.
+        scored = ds.map_batches(
+            Resuming, fn_constructor_args=(DocMembership, (recipe.spec, max_length, cfg.k, recipe.threads),
+                                           checkpoint.saved),
+            batch_size=cfg.docs_per_batch, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=n),
+            **recipe.options())
+        with tqdm(total=table.num_rows, unit="doc", disable=not cfg.progress, desc="scoring") as bar:
+            for batch in stream_batches(scored, "membership scoring"):
+                resumed += pc.sum(batch[RESUMED_COLUMN]).as_py() or 0
+                parts.append(take_prefix_sharing(checkpoint.add(batch), verdicts))
+                bar.update(batch.num_rows)
+        checkpoint.save(final=True)
     rows = pa.concat_tables(parts)
     sink = pa.BufferOutputStream()
     pq.write_table(tagged(rows), sink)

@@ -21,15 +21,14 @@ from ray.actor import ActorHandle
 from raylm.cluster.failures import remote_error
 from raylm.cluster.scheduler import IN_FLIGHT_PER_ACTOR
 from raylm.cluster.waiting import get, progressed
-from raylm.corpus.resume import batch_key, saved_batches, tagged
+from raylm.corpus.resume import SavedBatches, batch_key, tagged
 
 if TYPE_CHECKING:
     import ray.data
 
 
 def on_resident_actors(ds: ray.data.Dataset, actors: list[ActorHandle], max_length: int, stride: int,
-                       saved: pa.Table | None, docs_per_batch: int) -> Iterator[pa.Table]:
-    answered = saved_batches(saved)
+                       saved: SavedBatches, docs_per_batch: int) -> Iterator[pa.Table]:
     load = {i: 0 for i in range(len(actors))}
     pending: deque[tuple[str, int | None, pa.Table | ray.ObjectRef]] = deque()
 
@@ -47,8 +46,9 @@ def on_resident_actors(ds: ray.data.Dataset, actors: list[ActorHandle], max_leng
 
     for batch in ds.iter_batches(batch_size=docs_per_batch, batch_format="pyarrow"):
         key = batch_key(batch)
-        if key in answered:
-            pending.append((key, None, answered[key]))
+        rows = saved.answer(batch, key)
+        if rows is not None:
+            pending.append((key, None, rows))
         else:
             actor = min(load, key=load.get)
             load[actor] += 1

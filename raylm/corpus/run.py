@@ -31,7 +31,7 @@ from raylm.corpus import CHECKPOINT_EVERY_S, READ_CPUS, SCORING_DOCS_PER_BATCH
 from raylm.corpus.doc_scoring import DocKL, DocPerplexity, DocPseudoPerplexity, take_prefix_sharing
 from raylm.corpus.read import FORMATS, data_files, read_corpus
 from raylm.corpus.resident import on_resident_actors
-from raylm.corpus.resume import BATCH_COLUMN, RESUMED_COLUMN, CorpusCheckpoint, Resuming, corpus_manifest
+from raylm.corpus.resume import RESUMED_COLUMN, CorpusCheckpoint, Resuming, blocks_of_batches, corpus_manifest
 from raylm.corpus.stream import PartialParquet, stream_batches
 from raylm.errors import RaylmError
 from raylm.models.context import context_length
@@ -248,14 +248,15 @@ def _run_corpus(cfg: CorpusConfig, out_dir: Location, actors: list[ActorHandle] 
                      read_cpus=None if actors is None else 0)
     if reading is not None:
         read_in(ds, reading)
-    checkpoint = CorpusCheckpoint(out_dir, plan.manifest, cfg.overwrite, cfg.checkpoint_every_s)
     label = result_label(cfg, plan.scorer)
     samples = out_dir / "samples" / f"{label}.parquet"
-    if actors is None:
-        sums, domains, verdicts, resumed = _on_actor_pool(ds, plan, checkpoint, samples)
-    else:
-        batches = on_resident_actors(ds, actors, plan.max_length, plan.stride, checkpoint.saved, cfg.docs_per_batch)
-        sums, domains, verdicts, resumed = _stream(batches, samples, cfg, checkpoint)
+    with CorpusCheckpoint(out_dir, plan.manifest, cfg.overwrite, cfg.checkpoint_every_s) as checkpoint:
+        if actors is None:
+            sums, domains, verdicts, resumed = _on_actor_pool(ds, plan, checkpoint, samples)
+        else:
+            batches = on_resident_actors(ds, actors, plan.max_length, plan.stride, checkpoint.saved,
+                                         cfg.docs_per_batch)
+            sums, domains, verdicts, resumed = _stream(batches, samples, cfg, checkpoint)
     metrics = domain_metrics({"ppl": ppl_metrics, "pseudo_ppl": pseudo_ppl_metrics, "kl": kl_metrics}[label],
                              sums, domains if cfg.domain_column else None)
     sharing = {"ppl": prefix_sharing(verdicts), "pseudo_ppl": MASKED_PREFIX_SHARING, "kl": KL_PREFIX_SHARING}[label]
@@ -289,8 +290,9 @@ def _on_actor_pool(ds: ray.data.Dataset, plan: Plan, checkpoint: CorpusCheckpoin
     else:
         model_b = replace(cfg.model_b, device=recipe.spec.device)
         fn, args = DocKL, (recipe.spec, model_b, plan.max_length, plan.stride, recipe.threads, plan.kl_width)
-    scored = ds.map_batches(Resuming, fn_constructor_args=(fn, args, checkpoint.saved), batch_size=cfg.docs_per_batch,
-                            batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=n), **recipe.options())
+    scored = blocks_of_batches(ds, cfg.docs_per_batch).map_batches(
+        Resuming, fn_constructor_args=(fn, args, checkpoint.saved), batch_size=cfg.docs_per_batch,
+        batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=n), **recipe.options())
     try:
         return _stream(stream_batches(scored, "corpus scoring"), samples, cfg, checkpoint)
     except ray.exceptions.GetTimeoutError as e:
@@ -323,14 +325,12 @@ def _stream(batches: Iterator[pa.Table], samples: Location, cfg: CorpusConfig, c
     docs = resumed = 0
     domain = domain_samples_column(cfg.domain_column)
     delay = shard_delay()  # RAYLM_SHARD_DELAY_S: a pause after each arriving block, for kill drills
-    with checkpoint.kept_on_stop(), PartialParquet(samples) as out, \
-            tqdm(unit="doc", disable=not cfg.progress, desc="scoring") as bar:
+    with PartialParquet(samples) as out, tqdm(unit="doc", disable=not cfg.progress, desc="scoring") as bar:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            checkpoint.add(batch)
             resumed += pa.compute.sum(batch[RESUMED_COLUMN]).as_py() or 0
-            batch = take_prefix_sharing(batch.drop_columns([RESUMED_COLUMN, BATCH_COLUMN]), verdicts)
+            batch = take_prefix_sharing(checkpoint.add(batch), verdicts)
             batch = batch.add_column(0, "doc", pa.array(range(docs, docs + batch.num_rows), pa.int64()))
             docs += batch.num_rows
             out.write(batch)

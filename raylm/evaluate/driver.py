@@ -117,7 +117,8 @@ def run_prompt(cfg: EvalConfig, tokenizer) -> PromptFormat:
     """The run's system instruction and chat template (raylm.requests.driver.prompt_format)."""
     return prompt_format(tokenizer, system_instruction=cfg.system_instruction,
                          apply_chat_template=bool(cfg.apply_chat_template), chat_template_name=cfg.chat_template_name,
-                         chat_template_args=cfg.chat_template_args, multiturn=cfg.multiturn)
+                         chat_template_args=cfg.chat_template_args, multiturn=cfg.multiturn,
+                         enable_thinking=cfg.enable_thinking)
 
 
 def run_lmeval_requests(cfg: EvalConfig, selection: Selection, encoder: Encoder | MaskedEncoder, prompt: PromptFormat,
@@ -309,7 +310,8 @@ def _lmeval_results(cfg: EvalConfig, built: Built, tables: Tables, results: dict
 
     scores = {}
     for name in built.tasks["tasks"]:
-        scores.update(task_scores(name, built.output_type(name), tables[name][1], results[name].scored))
+        scores.update(task_scores(name, built.output_type(name), tables[name][1], results[name].scored,
+                                  cfg.think_end_token))
     out = lmeval_results(built, scores, cfg.bootstrap_iters, cfg.log_samples, clean)
     for name in built.tasks["tasks"]:
         results[name].metrics = {k: v for k, v in out["results"][name].items()

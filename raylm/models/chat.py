@@ -59,9 +59,6 @@ class ChatTemplate:
         if "chat_template" in self.args:
             raise RaylmError("chat_template_args may not hold chat_template: name the template with "
                              "--apply-chat-template NAME")
-        if self.args.get("enable_thinking"):
-            raise RaylmError("enable_thinking=True is not compatible with loglikelihood tasks (HFLM refuses it too); "
-                             "pass enable_thinking=False or leave it out")
 
     @property
     def sha(self) -> str:

@@ -139,6 +139,9 @@ def check_dtype(dtype: str) -> None:
 
 
 def check_device(device: str) -> None:
+    if device == "mps" or device.startswith("mps:"):
+        raise RaylmError(f"--device {device} (Apple's Metal) is not supported: raylm places its scoring actors "
+                         "on the GPUs Ray counts, and Ray counts no Apple GPU; on a Mac use --device cpu")
     if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
         raise RaylmError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)")
 

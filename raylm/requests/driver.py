@@ -65,7 +65,7 @@ def scored_spec(spec: ModelSpec, encoder: Encoder | MaskedEncoder) -> ModelSpec:
 
 def prompt_format(tokenizer, *, system_instruction: str | None = None, apply_chat_template: bool = False,
                   chat_template_name: str | None = None, chat_template_args: dict[str, Any] | None = None,
-                  multiturn: bool = False) -> PromptFormat:
+                  multiturn: bool = False, enable_thinking: bool | None = None) -> PromptFormat:
     """The run's system instruction and chat template (raylm.models.chat: chosen and applied as HFLM does). The
     keywords are EvalConfig's."""
     chat = None
@@ -73,4 +73,4 @@ def prompt_format(tokenizer, *, system_instruction: str | None = None, apply_cha
         from raylm.models.chat import ChatTemplate
 
         chat = ChatTemplate(tokenizer, chat_template_name, chat_template_args)
-    return PromptFormat(system_instruction, chat, multiturn and chat is not None)
+    return PromptFormat(system_instruction, chat, multiturn and chat is not None, bool(enable_thinking))

@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 from lm_eval.api.instance import Instance
 from lm_eval.evaluator_utils import ResultAcc, _process_results
+from lm_eval.models.utils import postprocess_generated_text
 from lm_eval.utils import handle_non_serializable, hash_string
 
 from raylm.errors import RaylmError
@@ -30,14 +31,19 @@ ScoreKey = tuple[str, int, int]  # (task, doc_id, idx)
 _NOT_METRICS = ("name", "alias", "sample_len", "sample_count")  # the entries of a task's or group's results
 
 
-def task_scores(task: str, output_type: str, requests: pa.Table, scored: pa.Table) -> dict[ScoreKey, Score]:
+def task_scores(task: str, output_type: str, requests: pa.Table, scored: pa.Table,
+                think_end_token: str | None = None) -> dict[ScoreKey, Score]:
     """A task's scores by (task, doc_id, idx) from its scored rows. Rolling windows add up in window order, as
     HFLM sums them (a plain sum); a text with no tokens has no windows and scores 0, as in HFLM. A generation's
-    texts come in repeat order."""
+    texts come in repeat order, each after its thinking where a think_end_token is given (thinking_stripped)."""
     if output_type == "generate_until":
         scored = scored.sort_by([("doc_id", "ascending"), ("req_idx", "ascending"), ("repeat", "ascending")])
+        until = {(doc_id, idx): stops for doc_id, idx, stops in
+                 zip(*(requests[c].to_pylist() for c in ("doc_id", "req_idx", "until")))} if think_end_token else {}
         texts: dict[ScoreKey, Score] = {}
         for doc_id, idx, text in zip(*(scored[c].to_pylist() for c in ("doc_id", "req_idx", "generation"))):
+            if think_end_token:
+                text = thinking_stripped(text, until[(doc_id, idx)], think_end_token)
             texts.setdefault((task, doc_id, idx), []).append(text)
         return texts
     scored = scored.sort_by([("doc_id", "ascending"), ("req_idx", "ascending"), ("window", "ascending")])
@@ -53,6 +59,14 @@ def task_scores(task: str, output_type: str, requests: pa.Table, scored: pa.Tabl
         for doc_id, idx, ll, g in zip(docs, idxs, logliks, greedy):
             out[(task, doc_id, idx)] = (ll, bool(g))
     return out
+
+
+def thinking_stripped(text: str, until: list[str], think_end_token: str) -> str:
+    """HFLM's answer under think_end_token, by lm-eval's own postprocess_generated_text: what follows the token's
+    last occurrence, leading whitespace dropped, cut at the stop strings. raylm's engine has already cut `text` at
+    them (HFLM cuts after stripping); the two agree because generation stops at the first stop string, so none
+    comes before the token (save one that only appears once special tokens are dropped from the text)."""
+    return postprocess_generated_text(generation=text, stop=until, think_end_token=think_end_token)
 
 
 def _fill(task_name: str, instances: list[Instance], scores: Mapping[ScoreKey, Score]) -> None:

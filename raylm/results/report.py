@@ -27,6 +27,7 @@ from raylm.requests.shards import LMEVAL_KIND
 from raylm.results.eval_result import EvalResult, TaskResult
 from raylm.results.metrics import token_perplexity
 from raylm.results.native import lmeval_shape
+from raylm.results.sample_logs import date_id, write_sample_logs
 from raylm.scoring.predictions import choice_predictions
 from raylm.storage.atomic import write_atomic, write_parquet_atomic
 from raylm.storage.location import Location, location
@@ -80,13 +81,21 @@ def results_dict(result: EvalResult) -> dict[str, Any]:
             bootstrap_iters=cfg.bootstrap_iters, random_seed=cfg.random_seed, numpy_seed=cfg.numpy_seed,
             torch_seed=cfg.torch_seed, fewshot_seed=cfg.fewshot_seed, samples=cfg.samples, metadata=cfg.metadata,
             apply_chat_template=cfg.apply_chat_template, chat_template_args=cfg.chat_template_args,
-            gen_kwargs=cfg.gen_kwargs, **{k: v for k, v in result.extra.items() if k != "chat_template"}),
+            gen_kwargs=cfg.gen_kwargs, **thinking_record(cfg),
+            **{k: v for k, v in result.extra.items() if k != "chat_template"}),
         **prompt_record(cfg, result.extra.get("chat_template")),
         **({"decontamination": result.decontamination} if result.decontamination is not None else {}),
         "sums": {name: t.sums for name, t in result.tasks.items()},
         "token_perplexity": {name: token_perplexity(t.sums) for name, t in result.tasks.items()
                              if _is_rolling(result, name)},
     }
+
+
+def thinking_record(cfg: EvalConfig) -> dict[str, Any]:
+    """HFLM's enable_thinking and think_end_token where a run sets them (think_end_token changes what every
+    generation task scores, and nothing else in results.json would say so)."""
+    return {key: value for key, value in (("enable_thinking", cfg.enable_thinking),
+                                          ("think_end_token", cfg.think_end_token)) if value is not None}
 
 
 def prompt_record(cfg: EvalConfig, chat_template: str | None) -> dict[str, Any]:
@@ -167,8 +176,6 @@ def write_samples(out_dir: str | os.PathLike[str] | Location, result: EvalResult
                                  tagged(_with_hashes(docs, task)))
     logged = logged_samples(result)
     if logged and sample_logs:
-        from raylm.results.sample_logs import date_id, write_sample_logs
-
         write_sample_logs(out_dir / "samples", logged, date_id())
 
 

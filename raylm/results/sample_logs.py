@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import tempfile
 from datetime import datetime
 from pathlib import Path
@@ -19,6 +20,10 @@ from typing import Any
 from raylm.errors import RaylmError
 from raylm.storage.atomic import write_atomic
 from raylm.storage.location import Location
+from raylm.storage.ownership import own_companions
+
+# samples_<task>_<local ISO time, ':' as '-'>.jsonl, as sample_log_name writes it with date_id
+_NAME = re.compile(r"samples_(?P<task>.+)_\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(\.\d+)?\.jsonl")
 
 
 def date_id() -> str:
@@ -28,6 +33,16 @@ def date_id() -> str:
 
 def sample_log_name(task: str, date: str) -> str:
     return f"samples_{task}_{date}.jsonl"
+
+
+def sample_log_parquet(name: str) -> str | None:
+    """The Parquet samples of the task a sample log named `name` logs (raylm writes both for a task it logged
+    samples of, and only the Parquet file can carry raylm's mark), or None for another name."""
+    match = _NAME.fullmatch(name)
+    return f"{match['task']}.parquet" if match else None
+
+
+own_companions(sample_log_parquet)  # --overwrite removes the previous run's logs (raylm.storage.ownership)
 
 
 def sample_log(task: str, samples: list[dict[str, Any]]) -> bytes:

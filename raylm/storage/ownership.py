@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -27,8 +27,22 @@ CHECKPOINT_DIR = "checkpoint"
 MANIFEST = "manifest.json"
 SAMPLES_DIR = "samples"
 RESULTS = "results.json"
-# lm-eval's sample log names (raylm.results.sample_logs): samples_<task>_<local ISO time, ':' as '-'>.jsonl
-_SAMPLE_LOG = re.compile(r"samples_(?P<task>.+)_\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(\.\d+)?\.jsonl")
+# What the stages above register as theirs, so that this floor knows none of their formats: the folders of
+# Parquet parts under checkpoint/ (raylm.cluster.checkpoint), and for a file without raylm's mark beside the
+# samples, the Parquet file whose mark proves it raylm's (raylm.results.sample_logs: lm-eval's sample logs).
+_CHECKPOINT_PARTS: set[str] = set()
+_COMPANIONS: list[Callable[[str], str | None]] = []
+
+
+def own_checkpoint_parts(folder: str) -> None:
+    """A stage that keeps Parquet parts in checkpoint/`folder`: --overwrite removes them with raylm's manifest."""
+    _CHECKPOINT_PARTS.add(folder)
+
+
+def own_companions(proof: Callable[[str], str | None]) -> None:
+    """A stage that writes files raylm cannot mark beside its Parquet samples: `proof(name)` is the Parquet file in
+    the same folder whose mark proves the file `name` raylm's, or None for a name that is not the stage's."""
+    _COMPANIONS.append(proof)
 
 
 def tagged(table: pa.Table) -> pa.Table:
@@ -48,8 +62,8 @@ def _json(path: Location) -> Any:
 
 
 def results_kind(path: Location) -> str | None:
-    """The command that wrote a results file raylm wrote ('eval', 'ppl', 'kl', 'probe', 'contamination',
-    'membership'), else None."""
+    """The command that wrote a results file raylm wrote (its config's `command`; `eval`, which names none),
+    else None."""
     data = _json(path)
     config = data.get("config") if isinstance(data, dict) else None
     if not (isinstance(config, dict) and isinstance(config.get("versions"), dict) and "raylm" in config["versions"]):
@@ -108,23 +122,23 @@ def remove_raylm_files(out_dir: Location) -> None:
         results.unlink()
     checkpoint = out_dir / CHECKPOINT_DIR
     if is_raylm_manifest(checkpoint / MANIFEST):
-        _remove_parquet(checkpoint / "shards")
+        for folder in sorted(_CHECKPOINT_PARTS):
+            _remove_parquet(checkpoint / folder)
         (checkpoint / MANIFEST).unlink()
         _remove_if_empty(checkpoint)
-    _remove_parquet(out_dir / SAMPLES_DIR, sample_logs=True)
+    _remove_parquet(out_dir / SAMPLES_DIR, companions=True)
 
 
-def _remove_parquet(directory: Location, sample_logs: bool = False) -> None:
-    """raylm's Parquet files in directory; with sample_logs, also lm-eval's `samples_<task>_<date>.jsonl` of every
-    task whose `<task>.parquet` is raylm's (raylm writes both for a task it logged samples of)."""
+def _remove_parquet(directory: Location, companions: bool = False) -> None:
+    """raylm's Parquet files in directory; with companions, also every file a registered stage proves raylm's by
+    one of them (own_companions)."""
     if not directory.is_dir():
         return
     ours = {path.name: path for path in directory.iterdir()
             if path.suffix == ".parquet" and path.is_file() and is_raylm_parquet(path)}
-    if sample_logs:
+    if companions:
         for path in directory.iterdir():
-            log_of = _SAMPLE_LOG.fullmatch(path.name)
-            if log_of and f"{log_of['task']}.parquet" in ours and path.is_file():
+            if any(proof(path.name) in ours for proof in _COMPANIONS) and path.is_file():
                 path.unlink()
     for path in ours.values():
         path.unlink()

@@ -26,6 +26,7 @@ class PromptFormat:
     system_instruction: str | None = None
     chat_template: ChatTemplate | None = None
     fewshot_as_multiturn: bool = False
+    thinking: bool = False  # HFLM's enable_thinking=True: loglikelihood requests are refused, as HFLM refuses them
 
     @property
     def is_plain(self) -> bool:

@@ -119,6 +119,8 @@ def build(loaded: TaskDict, limit: int | float | None, samples: dict[str, list[i
     get_sample_size, which reads a limit below 1 as a fraction of each task's documents, then build_all_requests
     with the task's --samples indices, system instruction and chat template), on one rank, no request cache.
     Call once per configure(): the few-shot samplers advance with every document."""
+    if prompt.thinking:
+        refuse_loglikelihood(loaded)
     limits: dict[str, int | None] = {}
     with cached_templates():
         for name, task in loaded["tasks"].items():
@@ -133,6 +135,16 @@ def build(loaded: TaskDict, limit: int | float | None, samples: dict[str, list[i
                                     fewshot_as_multiturn=prompt.fewshot_as_multiturn,
                                     chat_template=prompt.chat_template, tokenizer_name="")
     return Built(loaded, limits, samples)
+
+
+def refuse_loglikelihood(loaded: TaskDict) -> None:
+    """HFLM.loglikelihood under enable_thinking=True (the requests of loglikelihood and multiple-choice tasks; it
+    scores rolling ones), before any request is built."""
+    names = sorted(name for name, task in loaded["tasks"].items()
+                   if task.OUTPUT_TYPE in ("loglikelihood", "multiple_choice"))
+    if names:
+        raise RaylmError("enable_thinking=True is not compatible with loglikelihood tasks (HFLM refuses it too); "
+                         f"triggered by task(s): {', '.join(names)}")
 
 
 def documents(task: Any, limit: int | None, samples: list[int] | None = None) -> Iterator[tuple[int, int, dict]]:

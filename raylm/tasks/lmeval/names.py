@@ -13,6 +13,7 @@ Resolution is lm-eval's: names are fnmatch patterns over its index (its CLI's ru
 from __future__ import annotations
 
 import difflib
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ from raylm.tasks.lmeval.index_cache import IndexedTaskManager, builtin_index
 
 SUPPORTED_OUTPUT_TYPES = ("multiple_choice", "loglikelihood", "loglikelihood_rolling", "generate_until")
 _PATTERN_CHARS = frozenset("*?[")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -144,6 +147,24 @@ def refuse_output_type(task: str, output_type: str | None, via: str) -> None:
         where = f" (in {via})" if via and via != task else ""
         raise RaylmError(f"lm-eval task '{task}'{where} has output_type {output_type}; raylm runs "
                          f"{', '.join(SUPPORTED_OUTPUT_TYPES)}")
+
+
+def task_folder(name: str, include_path: Path | None) -> tuple[str, ...]:
+    """lm-eval's CLI rule for `--tasks DIR` (EvaluatorConfig.process_tasks): a lone entry that is a directory and
+    matches no task, group or tag (its index, --include-path's entries included) stands for every `DIR/*.yaml`,
+    each loaded as a task file (task_files); one that also names a task is that task, with lm-eval's warning."""
+    import glob
+
+    manager = IndexedTaskManager(builtin_index(), [str(include_path)] if include_path is not None else None)
+    if manager.match_tasks([name]):
+        log.warning("A local directory named '%s' exists but a registered task with the same name was found - using "
+                    "the registered task. To load tasks from a directory, use --include_path or rename the "
+                    "directory.", name)
+        return (name,)
+    files = sorted(glob.glob(str(Path(name) / "*.yaml")))
+    if not files:
+        raise RaylmError(f"--tasks {name}: a directory without task files (*.yaml) in it")
+    return tuple(files)
 
 
 def task_files(names: Sequence[str], include_path: Path | None) -> tuple[tuple[str, ...], Path | None]:
