@@ -530,8 +530,6 @@ BUILD_HISTORY = {
 }
 # In prose (outside code blocks and HTML comments): a test file cited as proof is a note for contributors.
 TEST_CITATION = r"\btests/test_\w+\.py\b"
-# Pages whose test citations are left for the edits under way on them to drop.
-CITING_TESTS_FOR_NOW = {"docs/cluster.md", "docs/switching-from-lm-eval.md"}
 
 
 def user_files() -> list[Path]:
@@ -544,7 +542,7 @@ def build_history(name: str, text: str) -> list[str]:
     """Each build-history phrase in a user file's text, named with what it is."""
     found = [f"{what}: {m.group(0)!r}" for what, pattern in BUILD_HISTORY.items()
              for m in re.finditer(pattern, text, re.IGNORECASE)]
-    if name.endswith(".md") and name not in CITING_TESTS_FOR_NOW:
+    if name.endswith(".md"):
         prose = re.sub(r"^```.*?^```|<!--.*?-->", "", text, flags=re.MULTILINE | re.DOTALL)
         found += [f"a test file cited: {m.group(0)!r}" for m in re.finditer(TEST_CITATION, prose)]
     return found
