@@ -17,6 +17,7 @@ from lm_eval.utils import get_file_task_name
 from raylm.cli import build_parser
 
 
+@pytest.mark.slow  # a Ray of its own
 def test_demo_writes_results_and_samples(tmp_path):
     out = tmp_path / "out"
     # Ray's sockets live under its temp dir and must stay under 108 characters, hence a short one of our own.
@@ -86,6 +87,7 @@ def test_the_eval_command_starts_ray_and_its_first_actor_before_torch_is_importe
     assert proc.stdout.strip() == "[]"
 
 
+@pytest.mark.slow  # a Ray of its own
 def test_an_error_raised_in_a_scoring_actor_is_one_line_naming_its_traceback_file(tmp_path, mismatched_weights_model):
     out = tmp_path / "out"
     proc = run_cli("eval", "--model", str(mismatched_weights_model), "--tasks", "winogrande", "--data-dir", str(DATA),

@@ -234,6 +234,7 @@ def test_two_actors_over_parquet_shards_find_the_same(local_tasks, corpus, jsonl
     assert matches.drop_columns(["file", "row"]).equals(expected_matches.drop_columns(["file", "row"]))
 
 
+@pytest.mark.slow  # a Ray of its own
 def test_a_text_file_row_is_its_line_number(tmp_path):
     """One document per line; an empty line is a row too, so a match's row is the line's index in the file."""
     tasks = load_scan_tasks(("winogrande",), DATA, None, 5)

@@ -57,6 +57,7 @@ print(psutil.Process(ray.get(recipe.start().ready.remote())).nice() - os.nice(0)
 """
 
 
+@pytest.mark.slow  # a Ray of its own
 def test_the_local_ray_has_the_cpus_the_process_is_pinned_to_and_runs_actors_at_its_niceness(tiny_llama):
     """raylm's own connect() starting the local Ray, in a fresh process pinned to one CPU, as the CLI runs: Ray
     counts that one CPU, and the actor runs at the driver's niceness (Ray's default would be +15, where every other

@@ -149,7 +149,7 @@ def test_think_end_token_strips_each_generation_as_hflm_does(gen_tasks):
     from lm_eval.models.utils import postprocess_generated_text
 
     from raylm.config import EvalConfig
-    from raylm.evaluate import _lmeval_results
+    from raylm.evaluate.driver import _lmeval_results
     from raylm.results.eval_result import TaskResult
     from raylm.results.report import thinking_record
 

@@ -23,6 +23,8 @@ from raylm.scoring.predictions import choice_predictions
 from raylm.scoring.scorer import Scorer
 from raylm.tasks import get_task
 
+pytestmark = pytest.mark.slow  # the full fixture sets scored in float32 and float64: a minute of CPU
+
 
 @pytest.fixture(scope="module")
 def scored():

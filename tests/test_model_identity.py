@@ -187,6 +187,7 @@ def test_a_files_digest_is_kept_outside_the_model_and_redone_when_the_file_chang
     assert file_digest(weights) == changed and len(reads) == 3
 
 
+@pytest.mark.slow  # a Ray of its own
 def test_cli_on_a_cached_hub_model_offline_records_the_commit_it_scored(hub_cache, offline, tmp_path):
     """What a user with HF_HUB_OFFLINE=1 and a cached model runs: the commit main points to is loaded, recorded in
     results.json and fingerprinted in the checkpoint; once main moves, the model part of the fingerprint differs,

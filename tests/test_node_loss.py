@@ -8,11 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import DATA
 
 DRILL = Path(__file__).with_name("node_loss_drill.py")
 
 
+@pytest.mark.slow  # a Ray of its own
 def test_removed_worker_node_changes_nothing(tiny_llama):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     env.pop("RAY_ADDRESS", None)

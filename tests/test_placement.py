@@ -168,9 +168,10 @@ def test_node_types_from_the_hint_inline_or_as_a_cluster_config_file():
     # cluster.yaml itself, as `ray up` leaves it on the head: the head type is not one the autoscaler adds.
     types, cap = parse_node_types(str(REPO / "cluster.yaml"))
     config = yaml.safe_load((REPO / "cluster.yaml").read_text())
-    worker = config["available_node_types"]["gpu_worker"]
-    assert types == (NodeType("gpu_worker", {k: float(v) for k, v in worker["resources"].items()},
-                              worker["max_workers"]),) and cap == config["max_workers"]
+    workers = {name: t for name, t in config["available_node_types"].items() if name != config["head_node_type"]}
+    assert len(workers) >= 2  # one GPU per node, and several for a model that spans GPUs
+    assert types == tuple(NodeType(name, {k: float(v) for k, v in t["resources"].items()}, t["max_workers"])
+                          for name, t in workers.items()) and cap == config["max_workers"]
 
 
 @pytest.mark.parametrize("hint,message", [

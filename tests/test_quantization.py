@@ -119,6 +119,7 @@ def test_demo_sweep_without_a_quantisation_package_fails_before_ray_in_one_line(
     assert not (tmp_path / "out" / "sweep.json").exists()
 
 
+@pytest.mark.slow  # a Ray of its own
 def test_the_demo_sweep_runs_its_4bit_model_without_warnings_or_tracebacks(tmp_path):
     """The README's offline sweep, cut to its nf4 model and one document per task (the warnings come from loading,
     and nf4 matmuls on CPU are slow: WikiText's second page alone is 23k characters): the nf4 model loads

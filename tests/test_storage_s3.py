@@ -364,6 +364,7 @@ def test_ppl_and_kl_write_to_s3(ray_session, tiny_llama, s3, tmp_path, capsys):
         assert f"results written to {out}/results.json" in printed
 
 
+@pytest.mark.slow  # a Ray of its own
 def test_ppl_reads_a_corpus_uri_with_credentials_and_shows_them_nowhere(tiny_llama, s3, s3_server, tmp_path,
                                                                         monkeypatch, capsys):
     """The corpus's key and endpoint in its URI alone (the environment names neither): the command reads the files,
