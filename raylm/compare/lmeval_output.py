@@ -4,6 +4,7 @@ results_<date>.json and that run's samples_<task>_<date>.jsonl."""
 from __future__ import annotations
 
 from raylm.compare.run import Run, read_results, scored_tasks
+from raylm.results.sample_logs import sample_log_name
 from raylm.storage.location import Location
 
 
@@ -16,8 +17,8 @@ def _newest_run(directory: Location, files: list[Location]) -> Run:
     date = newest.name.removeprefix("results_").removesuffix(".json")
     results = read_results(newest)
     present = {f.name for f in files} | {f.name for f in directory.iterdir()}
-    samples = {task: directory / f"samples_{task}_{date}.jsonl" for task in scored_tasks(results)
-               if f"samples_{task}_{date}.jsonl" in present}
+    samples = {task: directory / sample_log_name(task, date) for task in scored_tasks(results)
+               if sample_log_name(task, date) in present}
     return Run(str(directory), results, samples)
 
 
