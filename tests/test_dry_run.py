@@ -74,3 +74,17 @@ def test_a_dry_runs_token_counts_are_what_the_actors_record(tiny_llama):
     assert planned == recorded
     # the few-shot prefixes are shared: the tree computes fewer tokens than the requests hold
     assert planned["winogrande"][1] < planned["winogrande"][0]
+
+
+def test_a_sweeps_dry_run_plans_every_point_in_model_order_without_ray(tiny_llama, tiny_gpt2, tmp_path):
+    from test_sweep import POINTS, write_sweep
+
+    out = tmp_path / "out"
+    assert main(["sweep", str(write_sweep(tmp_path, tiny_llama, tiny_gpt2)), "--output", str(out), "--dry-run"]) == 0
+    assert not ray.is_initialized()
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["order"] == ["llama-float32", "gpt2-float32"]
+    for model in plan["models"]:
+        assert model["runs"][:len(POINTS)] == list(POINTS) and model["skips"] == []
+        assert all(p["plan"]["shards"]["left"] > 0 for p in model["points"] if p["kind"] == "eval")
+    assert not (out / "llama-float32").exists()  # nothing written but the plan

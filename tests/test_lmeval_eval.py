@@ -27,7 +27,7 @@ from raylm.api import RayLM
 from raylm.cache import CACHE_DIR_ENV, cache_dir
 from raylm.cli import main
 from raylm.cluster.checkpoint import CHECKPOINT_DIR
-from raylm import evaluate as evaluate_module
+from raylm.evaluate import driver as evaluate_module
 from raylm.cluster.runtime import start_actors
 from raylm.config import EvalConfig
 from raylm.evaluate import evaluate
