@@ -65,14 +65,16 @@ def format_sweep_plan(plan: dict[str, Any]) -> str:
 
     lines = [f"models run in this order: {', '.join(plan['order']) or 'none (every point is finished)'}"]
     for model in plan["models"]:
-        lines += ["", f"== {model['model']} ({model['path']}): {len(model['runs'])} point(s) to run, "
-                      f"{len(model['skips'])} finished (skipped)"]
+        head = (f"== {model['model']} ({model['path']}): {len(model['runs'])} point(s) to run, "
+                f"{len(model['skips'])} finished (skipped)")
+        lines += ["", head]
         for point in model["points"]:
             lines.append(f"-- {point['point']}: {'finished, skipped' if point['done'] else 'runs'}")
             if "plan" in point:
                 lines.append(format_plan(point["plan"]))
     totals = plan["totals"]
     hours = ", ".join(f"{name} {h:.3g}" for name, h in totals["gpu_hours"].items())
-    lines += ["", f"total over the points to run: {totals['computed']['cuda'] or 0:,} tokens to compute on GPU; "
-                  f"GPU-hours: {hours or 'none'}"]
+    total = (f"total over the points to run: {totals['computed']['cuda'] or 0:,} tokens to compute on GPU; "
+             f"GPU-hours: {hours or 'none'}")
+    lines += ["", total]
     return "\n".join(lines)
