@@ -60,7 +60,7 @@ TOKENISE = (
     ("_RayStarted.wait", "wait for Ray (lm-eval's seeding)"),
     ("request_tables", "tokenise lm-eval's requests"),
     ("load_and_build", "lm-eval builds its requests"),
-    ("_tokenise", "other"),
+    ("tokenise", "other"),
 )
 ACTOR = (
     ("load_model", "load the model"),

@@ -48,7 +48,7 @@ torch.set_num_threads(1)
 # (under --no-loadscope-reorder; by default it sends the files with the most tests first), so with these first the
 # run does not end on one worker finishing a long file while the others sit idle. From the per-file time of a full
 # run (its tests' setup, call and teardown, `--durations=0`); a file not named (under 10 s) keeps its place after them.
-LONGEST_FIRST = ("test_corpus.py", "test_contamination.py", "test_sweep.py", "test_job_submit.py", "test_resume.py",
+LONGEST_FIRST = ("test_corpus.py", "test_contamination.py", "test_sweep.py", "test_job_submit.py", "test_resume.py", "test_stopping.py",
                  "test_lmeval_eval.py", "test_autoscaling.py", "test_storage_s3.py", "test_mlm_eval.py",
                  "test_cli.py", "test_golden.py", "test_fault_tolerance.py", "test_architectures.py",
                  "test_quantization.py", "test_generation_parity.py", "test_lmeval_names.py", "test_node_loss.py",

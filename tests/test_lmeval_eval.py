@@ -27,7 +27,7 @@ from raylm.api import RayLM
 from raylm.cache import CACHE_DIR_ENV, cache_dir
 from raylm.cli import main
 from raylm.cluster.checkpoint import CHECKPOINT_DIR
-from raylm import evaluate as evaluate_module
+from raylm.evaluate import driver as evaluate_module
 from raylm.cluster.runtime import start_actors
 from raylm.config import EvalConfig
 from raylm.evaluate import evaluate
@@ -270,6 +270,20 @@ def test_lm_eval_results_do_not_depend_on_actors_or_shard_size(runs):
         assert held == tokens_two[name]["in_requests"] > 0
         assert tokens_one[name]["computed"] <= tokens_two[name]["computed"] <= held
     assert sum(t["computed"] for t in tokens_one.values()) < sum(t["in_requests"] for t in tokens_one.values())
+
+
+def test_a_dry_run_plans_the_tokens_the_runs_actors_computed(runs, tasks_dir):
+    """`--dry-run`'s counts (raylm.evaluate.dry_run) are the runs' config.tokens exactly, per task and shard size:
+    the scorer's own planner, run on the driver over the same shards."""
+    from raylm.evaluate.dry_run import eval_plan
+
+    spec = ModelSpec(str(STORIES), dtype="float32", device="cpu")
+    for n_actors, shard_requests in ((1, 512), (2, 3)):
+        plan = eval_plan(EvalConfig(spec, LMEVAL_TASKS, limit=6, shard_requests=shard_requests, progress=False,
+                                    include_path=tasks_dir, bootstrap_iters=1000))
+        planned = {name: {"in_requests": t["in_requests"], "computed": t["computed"]["cpu"]}
+                   for name, t in plan["tasks"].items()}
+        assert planned == runs[n_actors].extra["tokens"]
 
 
 def test_scoring_starts_while_later_tasks_are_still_being_built_and_gives_the_same_numbers(runs):

@@ -20,8 +20,8 @@ from raylm.cluster.scoring_actor import ScoringActor
 from raylm.cluster.capacity import (HEAD_RESOURCE, UNBOUNDED, Capacity, NodeType, actors_that_fit, capacity_of,
                                     parse_node_types)
 from raylm.cluster.devices import FAKE_GPUS_ENV, device_here, fake_gpus
-from raylm.cluster.placement import (DEFAULT_MAX_ACTORS, FLOPS_PER_PARAMETER_TOKEN, GPU_ACTOR_FLOPS,
-                                     TARGET_ACTOR_MINUTES, Ask, Work, plan, whole_cpu_share)
+from raylm.cluster.estimate import FLOPS_PER_PARAMETER_TOKEN, PLACEMENT_GPU_ACTOR_FLOPS
+from raylm.cluster.placement import DEFAULT_MAX_ACTORS, TARGET_ACTOR_MINUTES, Ask, Work, plan, whole_cpu_share
 from raylm.cluster.runtime import ActorRecipe, LaunchedActors, plan_actors
 from raylm.config import EvalConfig
 from raylm.data.demo import DEMO_DATA, DEMO_MODEL
@@ -266,7 +266,7 @@ def test_an_actor_no_node_can_hold_stops_the_run_with_one_line(ray_session, tiny
 
 def gpu_minutes_of_tokens(minutes: float, parameters: int) -> int:
     """The tokens one GPU actor scores in `minutes` by the estimate's own constants."""
-    return int(minutes * 60 * GPU_ACTOR_FLOPS / (FLOPS_PER_PARAMETER_TOKEN * parameters))
+    return int(minutes * 60 * PLACEMENT_GPU_ACTOR_FLOPS / (FLOPS_PER_PARAMETER_TOKEN * parameters))
 
 
 def test_the_work_estimate_is_tokens_times_parameters_over_an_actors_throughput():

@@ -117,8 +117,7 @@ def ppl_args(model: Path, corpus: Path, out: Path) -> list[str]:
             "--output", str(out)]
 
 
-@pytest.mark.parametrize("command,signum", [("eval", signal.SIGINT), ("eval", signal.SIGTERM),
-                                            ("ppl", signal.SIGINT)])
+@pytest.mark.parametrize("command,signum", [("eval", signal.SIGTERM), ("ppl", signal.SIGINT)])
 def test_a_signal_while_waiting_for_placement_or_reading_stops_in_one_line(held_cluster, tiny_llama, tmp_path,
                                                                            command, signum):
     """eval waits for its actor; ppl for its read tasks and its actor pool."""

@@ -19,6 +19,7 @@ from raylm.cluster.runtime import start_actors
 from raylm.errors import RaylmError
 from raylm.evaluate import evaluate
 from raylm.sweep.config import Sweep, load_sweep
+from raylm.sweep.dry_run import sweep_plan
 from raylm.sweep.run import SUPERSEDED_DIR, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -192,9 +193,15 @@ def test_resume_runs_only_unfinished_points(swept, tiny_llama, tiny_gpt2, monkey
     sweep, out, _, _ = swept
     gpt2_before = {p: (out / "gpt2-float32" / p / "results.json").read_bytes() for p in POINTS}
     (out / "llama-float32" / POINTS[1] / "results.json").unlink()
+    plan = sweep_plan(sweep, out)  # --dry-run: the same judgement, nothing moved, nothing loaded
     starts = CountingStarts()
     monkeypatch.setattr(raylm.sweep.run, "start_actors", starts)
     runs = run_sweep(sweep, out)
+    planned = {m["model"]: (m["runs"], m["skips"]) for m in plan["models"]}
+    assert planned == {name: (run.points_run, run.points_skipped) for name, run in runs.items()}
+    assert plan["order"] == ["llama-float32"]
+    [resumed] = [p["plan"] for p in plan["models"][0]["points"] if "plan" in p]
+    assert resumed["shards"]["left"] == 0 < resumed["shards"]["done"]  # its checkpoint holds every shard
     assert starts.models == ["llama"]
     assert runs["llama-float32"].points_run == [POINTS[1]]
     assert runs["llama-float32"].points_skipped == [POINTS[0], CORPUS_POINT]

@@ -155,6 +155,9 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     add_scorer_options(ev)
     # HFLM's enable_thinking and think_end_token, given only in --model_args (raylm.cli.lmeval.apply_model_args)
     ev.set_defaults(enable_thinking=None, think_end_token=None)
+    ev.add_argument("--dry-run", action="store_true",
+                    help="print and write (plan.json in --output) what the run would score, compute and cost, from "
+                         "the config, tokenizer and data alone: no weights loaded, no Ray started (docs/dry-run.md)")
 
 
 def eval_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -213,6 +216,10 @@ def run_eval(args: argparse.Namespace) -> int:
         args.output = eval_dir(cfg, layout.work_dir if layout is not None else None)
         cfg = replace(cfg, output=args.output)
         print(f"writing to {args.output}; the same command resumes from it", flush=True)
+    if args.dry_run:
+        from raylm.evaluate.dry_run import print_plan
+
+        return print_plan(cfg)
     out = prepare_output(args.output)
     wandb = (parse_pairs(args.wandb_args, "--wandb_args"),
              parse_pairs(args.wandb_config_args, "--wandb_config_args") if args.wandb_config_args else None) \

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 from raylm.cluster.capacity import (NODE_TYPES_ENV, Capacity, actors_that_fit, actors_that_fit_grown, grown_cpus)
+from raylm.cluster.estimate import PLACEMENT_CPU_THREAD_FLOPS, PLACEMENT_GPU_ACTOR_FLOPS, placement_flops, seconds
 from raylm.errors import RaylmError
 
 GPU_ACTOR_CPUS = 0.5
@@ -33,17 +34,9 @@ ONE_GPU_ENV = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
 DEFAULT_MAX_ACTORS = 16  # default actors on a cluster that can grow: each loads the model; --actors for more
 HINT = f"set {NODE_TYPES_ENV} to the node types it may add (docs/cluster.md)"
 
-# The work estimate (Work), in one place. A forward pass costs about 2 FLOPs per parameter per token (one multiply
-# and one add per weight; attention's share is small at the context lengths scored here). What an actor gets
-# through is an assumption, on the low side so that a run is not split across more actors (and nodes, each billed
-# and each loading the model) than it needs: a GPU actor at 40 TFLOP/s, about a third of the dense bf16 peak of
-# the smallest GPUs clusters offer (A10G, L4; scoring is batched prefill, compute-bound), whatever --num-gpus (the
-# layers of a model spread over an actor's GPUs run one GPU at a time); a CPU actor at 20 GFLOP/s per torch
-# thread. An actor is given TARGET_ACTOR_MINUTES of estimated work: below that, another actor costs more (a node
-# started, a model loaded, minutes each) than it saves.
-FLOPS_PER_PARAMETER_TOKEN = 2.0
-GPU_ACTOR_FLOPS = 40e12
-CPU_THREAD_FLOPS = 20e9
+# The work estimate (Work) is raylm.cluster.estimate's, the one a dry run's plan reports. An actor is given
+# TARGET_ACTOR_MINUTES of estimated work: below that, another actor costs more (a node started, a model loaded,
+# minutes each) than it saves.
 TARGET_ACTOR_MINUTES = 10.0
 
 
@@ -58,8 +51,7 @@ class Work:
 
     def actor_minutes(self, device: str, threads: int = 1) -> float:
         """The estimated minutes one actor on `device` ("cuda" or "cpu", with `threads` torch threads) takes."""
-        flops = GPU_ACTOR_FLOPS if device == "cuda" else CPU_THREAD_FLOPS * threads
-        return self.tokens * FLOPS_PER_PARAMETER_TOKEN * self.parameters / flops / 60
+        return seconds(self.tokens, self.parameters, placement_flops(device, threads)) / 60
 
     def actors_needed(self, device: str, threads: int = 1) -> int:
         """Actors for the work to take at most TARGET_ACTOR_MINUTES each: 0 with nothing left, else at least 1."""
@@ -270,6 +262,6 @@ def _minutes_words(minutes: float) -> str:
 
 def _flops_words(device: str, threads: int) -> str:
     if device == "cuda":
-        return f"{GPU_ACTOR_FLOPS / 1e12:g} TFLOP/s per GPU actor, {TARGET_ACTOR_MINUTES:g} min each"
-    return (f"{CPU_THREAD_FLOPS * threads / 1e9:g} GFLOP/s per CPU actor ({threads} thread{'s' if threads != 1 else ''}"
-            f"), {TARGET_ACTOR_MINUTES:g} min each")
+        return f"{PLACEMENT_GPU_ACTOR_FLOPS / 1e12:g} TFLOP/s per GPU actor, {TARGET_ACTOR_MINUTES:g} min each"
+    return (f"{PLACEMENT_CPU_THREAD_FLOPS * threads / 1e9:g} GFLOP/s per CPU actor "
+            f"({threads} thread{'s' if threads != 1 else ''}), {TARGET_ACTOR_MINUTES:g} min each")

@@ -66,9 +66,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _tokenise(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_started: RayStarted,
-              on_table: Callable[[str, str, pa.Table], None] | None = None
-              ) -> tuple[Encoder | MaskedEncoder, Tables, Built | None, PromptFormat]:
+def tokenise(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_started: RayStarted,
+             on_table: Callable[[str, str, pa.Table], None] | None = None
+             ) -> tuple[Encoder | MaskedEncoder, Tables, Built | None, PromptFormat]:
     """Every task's request table; `on_table(task, kind, table)` is handed each as soon as it is built, in the
     order the run's tables end up in (native tasks, then lm-eval's)."""
     encoder = driver_encoder(cfg.model)
@@ -90,11 +90,11 @@ def _tokenise(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_
 def _tokenise_streaming(cfg: EvalConfig, docs: TaskDocs, selection: Selection | None, ray_started: RayStarted,
                         ready: queue.Queue, importing: Future[None]
                         ) -> tuple[Encoder | MaskedEncoder, Tables, Built | None, PromptFormat]:
-    """_tokenise once `importing` (torch and transformers) is done, each table put on `ready` as it is built and None
+    """tokenise once `importing` (torch and transformers) is done, each table put on `ready` as it is built and None
     after the last (or on failure)."""
     try:
         importing.result()
-        return _tokenise(cfg, docs, selection, ray_started, lambda *table: ready.put(table))
+        return tokenise(cfg, docs, selection, ray_started, lambda *table: ready.put(table))
     finally:
         ready.put(None)
 
@@ -145,8 +145,8 @@ def run_settings(cfg: EvalConfig) -> dict[str, Any]:
             "include_path": str(cfg.include_path.resolve()) if cfg.include_path is not None else None}
 
 
-def _manifest(cfg: EvalConfig, encoder: Encoder | MaskedEncoder, tables: Tables, shards: list[Shard]
-              ) -> dict[str, Any]:
+def run_manifest(cfg: EvalConfig, encoder: Encoder | MaskedEncoder, tables: Tables, shards: list[Shard]
+                 ) -> dict[str, Any]:
     return fingerprint(scored_spec(cfg.model, encoder), cfg.tasks, tables, shards, run_settings(cfg))
 
 
@@ -157,8 +157,8 @@ def run_fingerprint(cfg: EvalConfig) -> dict[str, Any]:
     cfg.validate()
     check_model_path(cfg.model)
     cfg = replace(cfg, model=pin_revision(cfg.model))
-    encoder, tables, _, _ = _tokenise(cfg, run_task_docs(cfg), run_selection(cfg), RayStarted(True))
-    return _manifest(cfg, encoder, tables, make_shards(tables, cfg.shard_requests))
+    encoder, tables, _, _ = tokenise(cfg, run_task_docs(cfg), run_selection(cfg), RayStarted(True))
+    return run_manifest(cfg, encoder, tables, make_shards(tables, cfg.shard_requests))
 
 
 def evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None = None,
@@ -222,7 +222,7 @@ def _evaluate(cfg: EvalConfig, actors: list[ActorHandle] | None,
             shards = make_shards(tables, cfg.shard_requests)
             checkpoint = None
             if cfg.output is not None:
-                checkpoint = Checkpoint.open(cfg.output, _manifest(cfg, encoder, tables, shards), cfg.overwrite)
+                checkpoint = Checkpoint.open(cfg.output, run_manifest(cfg, encoder, tables, shards), cfg.overwrite)
             scored = checkpoint.load(shards) if checkpoint else {}
             resumed = len(scored)
             if early.results:

@@ -78,8 +78,12 @@ def work_left(cfg: EvalConfig, todo: list[Shard], parameters: Future[int] | None
     counted = parameters.result() if parameters is not None else None
     if not todo:
         return Work(0, 0, 0)
-    return Work(len(todo), sum(forward_tokens(s.table) for s in todo),
-                counted if counted is not None else parameter_count(cfg.model))
+    return shards_work(todo, counted if counted is not None else parameter_count(cfg.model))
+
+
+def shards_work(todo: list[Shard], parameters: int) -> Work:
+    """The Work of these shards: what placement sizes a run's actors by, and what a dry run's plan sizes them by."""
+    return Work(len(todo), sum(forward_tokens(s.table) for s in todo), parameters)
 
 
 class FirstActor(NamedTuple):

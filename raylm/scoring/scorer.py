@@ -113,16 +113,8 @@ class Scorer:
 
         Any requests may share a prefix: the tree finds what they share, whatever documents they come from.
         """
-        inputs, n_targets, targets = [], [], []
-        for i, (context, continuation) in enumerate(zip(contexts, continuations)):
-            why = unscorable((context, continuation), self.max_length)
-            if why in (LONG, NO_CONTEXT):
-                raise RequestDoesNotFit(i, f"a continuation of {len(continuation)} tokens after {len(context)} "
-                                           "context tokens cannot be scored: it must follow at least one context "
-                                           f"token and be at most the model's {self.max_length} tokens long")
-            inputs.append(model_input(context, continuation, self.max_length))
-            targets.append(list(continuation))
-            n_targets.append(len(continuation))
+        inputs, n_targets = scorer_inputs(contexts, continuations, self.max_length)
+        targets = [list(continuation) for continuation in continuations]
         self.tokens_in_requests += sum(len(x) for x in inputs)
         per_token = [np.zeros(n, dtype=np.float64) for n in n_targets]
         hits = [np.zeros(n, dtype=bool) for n in n_targets]
@@ -144,7 +136,7 @@ class Scorer:
 
         # A request with no continuation tokens has nothing to predict (loglikelihood 0, greedy as lm-eval's
         # all() of nothing): no row carries it, so it must not wait to be done.
-        predicting = [i for i, n in enumerate(n_targets) if n]
+        predicting = predicting_requests(n_targets)
         try:
             halving_on_oom(predicting, batches, lambda step: self._score_step(step, targets, per_token, hits),
                            self.budget)
@@ -156,34 +148,11 @@ class Scorer:
 
     def _plan(self, pending: list[int], inputs: list[list[int]], n_targets: list[int], token_budget: int
               ) -> list[Step]:
-        """The forward passes for `pending`: a token tree (raylm.scoring.tree) where the plan packs, else one
-        request per row; rows with no cached path in token-budget batches first, then the walk's cached steps.
-
-        Unshared, a request still runs in pieces over the KV cache (a tree of one request) where the plan takes
-        masks and it does not fit whole: it predicts more positions than the logits budget holds, or it is wider
-        than a budget that out of memory has cut below where it started."""
-        row_tokens = min(token_budget, ROW_TOKENS_MAX, self.max_predicted)
-        if self.share_prefixes and self.plan.pack:
-            free, cached, in_trie = plan_requests(pending, inputs, n_targets, row_tokens, self.batch_size)
-            self.requests_in_tries += len(pending) if in_trie else 0
-        else:
-            free, cached = [], []
-            for i in pending:
-                too_wide = token_budget < self.budget.ceiling and len(inputs[i]) > token_budget
-                if self.plan.pack and (n_targets[i] > self.max_predicted or too_wide):
-                    rows, steps = plan_tree([i], inputs, n_targets, row_tokens, self.batch_size)
-                    free += rows
-                    cached += steps
-                elif n_targets[i] > self.max_predicted:
-                    raise RequestDoesNotFit(i, f"{n_targets[i]} predicted tokens need more logits memory than the "
-                                               f"budget holds ({self.max_predicted} positions) and this model is "
-                                               f"scored unpacked ({self.plan.prefix_sharing}), so they cannot be "
-                                               "cut: pass a smaller --max-length")
-                else:
-                    free.append(chain_row(inputs[i], i, n_targets[i]))
-        batched = budget_batches(free, lambda r: len(r.tokens), token_budget, lambda r: len(r.requests),
-                                 self.batch_size, lambda r: len(r.predicts), self.max_predicted)
-        return [Step(batch) for batch in batched] + cached
+        """plan_passes with this scorer's settings; requests planned through a trie are counted."""
+        steps, in_trie = plan_passes(pending, inputs, n_targets, token_budget, self.budget.ceiling, self.batch_size,
+                                     self.share_prefixes, self.plan, self.max_predicted)
+        self.requests_in_tries += len(pending) if in_trie else 0
+        return steps
 
     @torch.inference_mode()
     def _score_step(self, step: Step, targets: list[list[int]], per_token: list[np.ndarray],
@@ -329,6 +298,73 @@ def logits_budget_bytes(device_type: str) -> int:
     if not 0 < gib < float("inf"):
         raise InputError(f"{LOGITS_BUDGET_ENV}={value!r}", why)
     return int(gib * 2**30)
+
+
+def scorer_inputs(contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], max_length: int
+                  ) -> tuple[list[list[int]], list[int]]:
+    """Each request's model input (left-truncated to max_length) and how many of its last positions predict."""
+    inputs, n_targets = [], []
+    for i, (context, continuation) in enumerate(zip(contexts, continuations)):
+        why = unscorable((context, continuation), max_length)
+        if why in (LONG, NO_CONTEXT):
+            raise RequestDoesNotFit(i, f"a continuation of {len(continuation)} tokens after {len(context)} "
+                                       "context tokens cannot be scored: it must follow at least one context "
+                                       f"token and be at most the model's {max_length} tokens long")
+        inputs.append(model_input(context, continuation, max_length))
+        n_targets.append(len(continuation))
+    return inputs, n_targets
+
+
+def predicting_requests(n_targets: Sequence[int]) -> list[int]:
+    """The requests some row must carry: a request with no continuation tokens has nothing to predict
+    (loglikelihood 0, greedy as lm-eval's all() of nothing), so no row carries it."""
+    return [i for i, n in enumerate(n_targets) if n]
+
+
+def plan_passes(pending: list[int], inputs: list[list[int]], n_targets: list[int], token_budget: int,
+                budget_ceiling: int, batch_size: int | None, share_prefixes: bool, plan: AttentionPlan,
+                max_predicted: int) -> tuple[list[Step], bool]:
+    """The forward passes for `pending`, and whether a trie was built for them: a token tree
+    (raylm.scoring.tree) where the plan packs, else one request per row; rows with no cached path in token-budget
+    batches first, then the walk's cached steps. A plain function of the requests and the scorer's settings, so that
+    a dry run counts the tokens a run computes (planned_tokens) without a model.
+
+    Unshared, a request still runs in pieces over the KV cache (a tree of one request) where the plan takes
+    masks and it does not fit whole: it predicts more positions than the logits budget holds, or it is wider
+    than a budget that out of memory has cut below where it started (`budget_ceiling`)."""
+    row_tokens = min(token_budget, ROW_TOKENS_MAX, max_predicted)
+    in_trie = False
+    if share_prefixes and plan.pack:
+        free, cached, in_trie = plan_requests(pending, inputs, n_targets, row_tokens, batch_size)
+    else:
+        free, cached = [], []
+        for i in pending:
+            too_wide = token_budget < budget_ceiling and len(inputs[i]) > token_budget
+            if plan.pack and (n_targets[i] > max_predicted or too_wide):
+                rows, steps = plan_tree([i], inputs, n_targets, row_tokens, batch_size)
+                free += rows
+                cached += steps
+            elif n_targets[i] > max_predicted:
+                raise RequestDoesNotFit(i, f"{n_targets[i]} predicted tokens need more logits memory than the "
+                                           f"budget holds ({max_predicted} positions) and this model is "
+                                           f"scored unpacked ({plan.prefix_sharing}), so they cannot be "
+                                           "cut: pass a smaller --max-length")
+            else:
+                free.append(chain_row(inputs[i], i, n_targets[i]))
+    batched = budget_batches(free, lambda r: len(r.tokens), token_budget, lambda r: len(r.requests),
+                             batch_size, lambda r: len(r.predicts), max_predicted)
+    return [Step(batch) for batch in batched] + cached, in_trie
+
+
+def planned_tokens(contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], max_length: int,
+                   token_budget: int, batch_size: int | None, share_prefixes: bool, plan: AttentionPlan,
+                   max_predicted: int) -> tuple[int, int]:
+    """What one Scorer.score call over these requests adds to its tokens_in_requests and computed_tokens, with no
+    model: the same inputs and the same forward passes, at a token budget no out-of-memory error has cut."""
+    inputs, n_targets = scorer_inputs(contexts, continuations, max_length)
+    steps, _ = plan_passes(predicting_requests(n_targets), inputs, n_targets, token_budget, token_budget,
+                           batch_size, share_prefixes, plan, max_predicted)
+    return sum(len(x) for x in inputs), sum(len(row.tokens) for step in steps for row in step.rows)
 
 
 def max_predicted_positions(model: torch.nn.Module, head: torch.nn.Module, budget: int) -> int:

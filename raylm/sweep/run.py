@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -123,8 +124,8 @@ def _failed(failures: dict[str, BaseException], finished: int) -> BaseException:
     return RaylmError(line)
 
 
-def point_is_current(sweep: Sweep, model: SweepModel, point: SweepPoint, out: str | os.PathLike[str] | Location
-                     ) -> bool:
+def point_is_current(sweep: Sweep, model: SweepModel, point: SweepPoint, out: str | os.PathLike[str] | Location,
+                     dry: bool = False) -> bool:
     """Whether the point's folder holds this sweep's finished results: its results.json, and a checkpoint
     manifest equal to the fingerprint `raylm eval` would give this point now (model commit or weight digest,
     tasks, the request tables, settings, seeds, include path, versions, code).
@@ -132,7 +133,7 @@ def point_is_current(sweep: Sweep, model: SweepModel, point: SweepPoint, out: st
     A folder holding another config's results (a task added, data or weights changed, raylm upgraded) is moved
     aside to OUT/superseded/<time>/<model>/<point> and the point runs afresh, so no summary mixes two configs;
     a folder holding a checkpoint of this very config resumes from it. Files raylm did not write are refused,
-    as by `raylm eval`."""
+    as by `raylm eval`. `dry` (a dry run's judgement) moves nothing and takes no lock."""
     out = location(out)
 
     def finished(results: Location) -> bool:
@@ -142,11 +143,11 @@ def point_is_current(sweep: Sweep, model: SweepModel, point: SweepPoint, out: st
 
     return _is_current(out, model, point.name,
                        lambda where: Checkpoint(where, run_fingerprint(point_config(sweep, model, point, out, None))),
-                       finished)
+                       finished, dry)
 
 
 def corpus_is_current(sweep: Sweep, model: SweepModel, corpus: SweepCorpus,
-                      out: str | os.PathLike[str] | Location) -> bool:
+                      out: str | os.PathLike[str] | Location, dry: bool = False) -> bool:
     """point_is_current for a corpus point: its results.json, and a checkpoint manifest equal to the one `raylm ppl`
     keys this corpus run to now (model, data files, options, versions, code); another config's folder is moved
     aside, and a checkpoint of this one resumes."""
@@ -156,18 +157,18 @@ def corpus_is_current(sweep: Sweep, model: SweepModel, corpus: SweepCorpus,
 
         return Checkpoint(where, plan_corpus(sweep.corpus_config(model, corpus)).manifest, command="ppl")
 
-    return _is_current(location(out), model, corpus.point, checkpoint_of, Location.is_file)
+    return _is_current(location(out), model, corpus.point, checkpoint_of, Location.is_file, dry)
 
 
 def _is_current(out: Location, model: SweepModel, point: str, checkpoint_of: Callable[[Location], Checkpoint],
-                finished: Callable[[Location], bool]) -> bool:
+                finished: Callable[[Location], bool], dry: bool = False) -> bool:
     """The judgement both kinds of point share: nothing there runs the point; raylm's files of this very config
     are current when `finished(results.json)`; files raylm did not write are refused; another config's are
-    moved aside."""
+    moved aside (unless `dry`: then neither moved nor locked)."""
     where = point_dir(out, model, point)
     if not (where / RESULTS).exists() and not (where / CHECKPOINT_DIR).exists():
         return False
-    with output_lock(where):
+    with output_lock(where) if not dry else nullcontext():
         checkpoint = checkpoint_of(where)
         try:
             checkpoint.refuse_foreign()
@@ -176,7 +177,8 @@ def _is_current(out: Location, model: SweepModel, point: str, checkpoint_of: Cal
         differs = checkpoint.differences()
         if not differs:
             return finished(where / RESULTS)
-    _supersede(out, model, point, differs)
+    if not dry:
+        _supersede(out, model, point, differs)
     return False
 
 
