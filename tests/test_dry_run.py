@@ -33,18 +33,27 @@ def weightless_llama(tiny_llama: Path, tmp_path_factory) -> Path:
     return path
 
 
-def test_a_dry_run_without_weights_plans_and_starts_no_ray(weightless_llama, tiny_llama, tmp_path, monkeypatch):
+def refuse_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every way a command reaches Ray (each module that calls connect, and an actor's start) fails the test."""
+    import raylm.evaluate.driver
+    import raylm.sweep.run
     from raylm.cluster import runtime
 
     def refuse(*args, **kwargs):
         raise AssertionError("a dry run asked for an actor or a Ray cluster")
 
-    monkeypatch.setattr(runtime, "connect", refuse)
+    for module in (runtime, raylm.evaluate.driver, raylm.sweep.run):
+        monkeypatch.setattr(module, "connect", refuse)
     monkeypatch.setattr(runtime.ActorRecipe, "start", refuse)
+
+
+def test_a_dry_run_without_weights_plans_and_starts_no_ray(weightless_llama, tiny_llama, tmp_path, monkeypatch):
+    refuse_ray(monkeypatch)
     out = tmp_path / "out"
+    before = ray.is_initialized()  # another test file's session Ray may be up in this process
     assert main(["eval", "--model", str(weightless_llama), "--tasks", *FEWSHOT_TASKS, "--data-dir", str(DATA),
                  "--limit", "4", "--num-fewshot", "1", "--output", str(out), "--dry-run"]) == 0
-    assert not ray.is_initialized()
+    assert ray.is_initialized() == before
     plan = json.loads((out / "plan.json").read_text())
     assert not (out / "results.json").exists()
     # counted from the config on the meta device, as the checkpoint's headers count the full folder
@@ -76,12 +85,15 @@ def test_a_dry_runs_token_counts_are_what_the_actors_record(tiny_llama):
     assert planned["winogrande"][1] < planned["winogrande"][0]
 
 
-def test_a_sweeps_dry_run_plans_every_point_in_model_order_without_ray(tiny_llama, tiny_gpt2, tmp_path):
+def test_a_sweeps_dry_run_plans_every_point_in_model_order_without_ray(tiny_llama, tiny_gpt2, tmp_path,
+                                                                        monkeypatch):
     from test_sweep import POINTS, write_sweep
 
+    refuse_ray(monkeypatch)
     out = tmp_path / "out"
+    before = ray.is_initialized()
     assert main(["sweep", str(write_sweep(tmp_path, tiny_llama, tiny_gpt2)), "--output", str(out), "--dry-run"]) == 0
-    assert not ray.is_initialized()
+    assert ray.is_initialized() == before
     plan = json.loads((out / "plan.json").read_text())
     assert plan["order"] == ["llama-float32", "gpt2-float32"]
     for model in plan["models"]:

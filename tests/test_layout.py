@@ -32,7 +32,8 @@ ALLOWED = {
     "cluster": {"models", "requests", "scoring", "storage"},
     "results": {"config", "models", "requests", "scoring", "storage", "tasks"},
     "corpus": {"cluster", "models", "requests", "results", "scoring", "storage"},
-    "evaluate": {"cluster", "config", "models", "requests", "results", "storage", "tasks"},
+    # --dry-run counts the tokens a run computes with the scorer's own planner (plain functions, no model)
+    "evaluate": {"cluster", "config", "models", "requests", "results", "scoring", "storage", "tasks"},
     # a sweep's corpora are raylm ppl runs (corpus) on its resident actors
     "sweep": {"cluster", "config", "corpus", "data", "evaluate", "models", "results", "storage", "tasks"},
     "probe": {"data", "models", "results", "scoring", "storage"},

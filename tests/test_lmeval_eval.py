@@ -27,7 +27,7 @@ from raylm.api import RayLM
 from raylm.cache import CACHE_DIR_ENV, cache_dir
 from raylm.cli import main
 from raylm.cluster.checkpoint import CHECKPOINT_DIR
-from raylm.evaluate import driver as evaluate_module
+from raylm.evaluate import startup
 from raylm.cluster.runtime import start_actors
 from raylm.config import EvalConfig
 from raylm.evaluate import evaluate
@@ -239,8 +239,8 @@ def runs(ray_session, tasks_dir, tmp_path_factory):
             built.append(requests[0].task)
             return real_request_table(requests, *args, **kwargs)
 
-        real_score_shards, real_request_table = evaluate_module.score_shards, lmeval_requests.request_table
-        patch.setattr(evaluate_module, "score_shards", scoring)
+        real_score_shards, real_request_table = startup.score_shards, lmeval_requests.request_table
+        patch.setattr(startup, "score_shards", scoring)  # the first actor's scoring beside the build
         patch.setattr(lmeval_requests, "request_table", building)
         # One CPU for the actor leaves the build one of the session's two (FirstActor.scores_beside_the_build).
         out["streamed"] = evaluate(EvalConfig(spec, LMEVAL_TASKS, limit=6, shard_requests=3, progress=False,
