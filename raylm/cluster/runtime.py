@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-
 from typing import TYPE_CHECKING
 
 import ray
@@ -24,7 +23,7 @@ from raylm.cluster.capacity import Capacity, actors_that_fit, capacity_of, hint_
 from raylm.cluster.cpus import available_cpus
 from raylm.cluster.placement import ONE_GPU_ENV, Ask, Work, plan, uses_gpu, whole_cpu_share
 from raylm.cluster.failures import remote_error
-from raylm.cluster.waiting import check, progressed
+from raylm.cluster.waiting import check, progressed, wait
 from raylm.errors import RaylmError
 from raylm.models.spec import ModelSpec
 
@@ -140,16 +139,14 @@ def reserved_for_reading(cpus: float | None) -> Iterator[ReadingGroup | None]:
         return
     group = placement_group([{"CPU": cpus}])
     try:
-        # A cluster with no CPU free waits here in view of the watchdog, and a stopping run stops here.
-        while not ray.wait([group.ready()], timeout=READY_POLL_S)[0]:
-            check()
+        wait([group.ready()])  # a cluster with no CPU free waits here in view of the watchdog
         yield group
     finally:
         remove_placement_group(group)
 
 
 def read_in(ds: ray.data.Dataset, group: PlacementGroup) -> None:
-    """Every task of the dataset's execution scheduled into `group` (reserve_for_reading)."""
+    """Every task of the dataset's execution scheduled into `group` (reserved_for_reading)."""
     inside = PlacementGroupSchedulingStrategy(group)
     ds.context.scheduling_strategy = inside
     ds.context.scheduling_strategy_large_args = inside

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from raylm.cluster.failures import remote_error
 from raylm.cluster.runtime import ActorRecipe
 from raylm.cluster.scored import ScoredShard
-from raylm.cluster.waiting import POLL_S, check, progressed
+from raylm.cluster.waiting import progressed, wait
 from raylm.errors import RaylmError, first_line
 from raylm.requests.shards import Shard
 
@@ -133,11 +133,7 @@ class _Schedule:
             raise RaylmError(f"no scoring actor left for the {len(self.queue)} remaining shard(s); "
                              f"last failure: {self.last_cause}")
         # Only a replacement that never starts (no room left on the cluster) could block for ever.
-        deadline = None if self.in_flight else time.monotonic() + REPLACEMENT_WAIT_S
-        done: list[ray.ObjectRef] = []
-        while not done and (deadline is None or time.monotonic() < deadline):
-            check()  # a sweep's model thread stops here when the run is stopping
-            done, _ = ray.wait([*self.in_flight, *self.starting], num_returns=1, timeout=POLL_S)
+        done, _ = wait([*self.in_flight, *self.starting], timeout=None if self.in_flight else REPLACEMENT_WAIT_S)
         if not done:
             raise RaylmError(f"no live scoring actor and no replacement could start within {REPLACEMENT_WAIT_S:.0f} s "
                              f"(does the cluster still have room for one?); last failure: {self.last_cause}")

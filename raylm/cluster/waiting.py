@@ -62,13 +62,23 @@ def stall_timeout() -> float:
     return value
 
 
-def get(refs: ray.ObjectRef | Sequence[ray.ObjectRef]) -> Any:
-    """ray.get that a stopping run interrupts in any thread: it waits in short slices, looking at `stopping`."""
-    many = not isinstance(refs, ray.ObjectRef)
-    pending = list(refs) if many else [refs]
-    while pending:
+def wait(refs: list[ray.ObjectRef], num_returns: int = 1, timeout: float | None = None
+         ) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
+    """ray.wait that a stopping run interrupts in any thread: it waits in slices of POLL_S, looking at `stopping`
+    between them. `timeout` None waits as long as it takes."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
         check()
-        _, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+        left = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
+        done, pending = ray.wait(refs, num_returns=num_returns, timeout=left)
+        if len(done) >= num_returns or (deadline is not None and time.monotonic() >= deadline):
+            return done, pending
+
+
+def get(refs: ray.ObjectRef | Sequence[ray.ObjectRef]) -> Any:
+    """ray.get that a stopping run interrupts in any thread (wait)."""
+    pending = [refs] if isinstance(refs, ray.ObjectRef) else list(refs)
+    wait(pending, num_returns=len(pending))
     return ray.get(refs)
 
 
