@@ -18,6 +18,7 @@ from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
 from raylm.models.spec import ModelSpec
+from raylm.storage.location import has_wildcards, is_uri, split_query
 
 if TYPE_CHECKING:  # the corpus and membership runs import Ray; a folder name needs none of it
     from raylm.config import EvalConfig
@@ -28,7 +29,6 @@ DEFAULT_ROOT = Path("raylm-out")
 DIGEST_CHARS = 10
 LABEL_CHARS = 60  # a long task list is cut; the digest still tells runs apart
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
-_GLOB = re.compile(r"[*?\[\]{}]")
 # EvalConfig's fields that leave the results as they are, or say only where they go (--log-samples adds samples to
 # the same results, so a rerun with it resumes and adds them).
 EVAL_UNKEYED = frozenset({"output", "overwrite", "batch_size", "actors", "num_gpus", "num_cpus", "progress",
@@ -59,9 +59,9 @@ def run_dir(root: Path | str, command: str, label: list[str], keyed: dict[str, A
     digest = hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
     name = _safe("-".join(p for p in label if p))[:LABEL_CHARS].strip("-.+_")  # no hidden folder
     leaf = f"{name}-{digest}" if name else digest
-    if isinstance(root, str) and "://" in root:
-        base, sep, query = root.partition("?")
-        return f"{base.rstrip('/')}/{leaf}{sep}{query}"
+    if isinstance(root, str) and is_uri(root):
+        base, query = split_query(root)
+        return f"{base.rstrip('/')}/{leaf}" + (f"?{query}" if query else "")
     return Path(root) / leaf
 
 
@@ -92,7 +92,8 @@ def tasks_label(tasks: tuple[str, ...] | list[str]) -> str:
 
 def data_label(data: str) -> str:
     """A corpus argument's last plain path component ('corpus/*.parquet' -> 'corpus')."""
-    parts = [p for p in data.partition("?")[0].replace("\\", "/").split("/") if p and not _GLOB.search(p)]
+    path = split_query(data)[0] if is_uri(data) else data
+    parts = [p for p in path.replace("\\", "/").split("/") if p and not has_wildcards(p)]
     return parts[-1] if parts else "data"
 
 
