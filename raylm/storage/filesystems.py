@@ -81,8 +81,8 @@ def rename_file(fs: pafs.FileSystem, src: str, dest: str) -> None:
 def check_replaces(fs: pafs.FileSystem, directory: str, shown: str) -> None:
     """Raise a one-line RaylmError unless a rename in `directory` (named `shown` to the user) replaces an existing
     file in one step; probed once per directory (and the directories under it), the first time a file is written
-    there, by renaming one tiny file onto another."""
-    if any(directory == done or directory.startswith(done + "/") for probed, done in _replacing
+    there, by renaming one tiny file onto another. The local disk's rename is POSIX's, one step: never probed."""
+    if kind(fs) == LOCAL or any(directory == done or directory.startswith(done + "/") for probed, done in _replacing
            if probed.equals(fs)):
         return
     why = NOT_ONE_STEP.get(scheme(fs)) or _probe(fs, directory)
