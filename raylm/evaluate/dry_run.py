@@ -74,8 +74,8 @@ def model_shape(spec: ModelSpec, batch_size: int | None) -> ModelShape:
 
     from raylm.models.context import context_length
     from raylm.models.devices import meta_model
-    from raylm.models.loading import (_planning_dtype, _torch_dtype, load_config, load_implementation,
-                                      parameter_count, resolve_scorer)
+    from raylm.models.loading import (load_config, load_implementation, loaded_dtype, parameter_count,
+                                      resolve_scorer)
     from raylm.scoring.attention import attention_plan
     from raylm.scoring.memory import kv_bytes_per_token
     from raylm.scoring.scorer import (GPU_START_TOKEN_BUDGET, cpu_token_budget, logits_budget_bytes,
@@ -83,7 +83,7 @@ def model_shape(spec: ModelSpec, batch_size: int | None) -> ModelShape:
 
     config = load_config(spec)
     scorer = resolve_scorer(spec, config)
-    dtype = _planning_dtype(_torch_dtype(spec.dtype), config)
+    dtype = loaded_dtype(spec, config)
     size = torch.finfo(dtype).bits // 8
     if scorer == "mlm":
         return ModelShape(parameter_count(spec), str(dtype).removeprefix("torch."), size, scorer, {}, None)

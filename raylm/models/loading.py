@@ -190,7 +190,7 @@ def load_model(spec: ModelSpec, kind: str = "causal", gpus: int = 1,
         # bitsandbytes weights are placed by from_pretrained on one device.
         placement = {"quantization_config": quantization_config(spec.quantization), "device_map": {"": device}}
     else:
-        placement = placement_kwargs(device, config, _planning_dtype(dtype, config), gpus, budget, name,
+        placement = placement_kwargs(device, config, loaded_dtype(spec, config), gpus, budget, name,
                                      spec.trust_remote_code)
     # A causal LM's attention implementation is chosen here rather than left to transformers' default, because
     # whether requests may share a row depends on it (raylm.scoring.attention plans from what the model ends up
@@ -312,6 +312,12 @@ def _avoid_unpackable_cpu_4bit(model: torch.nn.Module) -> None:
         blocksize = module.weight.quant_state.blocksize
         if module.out_features % CPU_PACKED_4BIT_BLOCK_N or module.in_features % blocksize:
             module.support_avx512bf16_for_cpu = False
+
+
+def loaded_dtype(spec: ModelSpec, config) -> torch.dtype:
+    """The dtype the model's weights have once loaded (--dtype, or for "auto" the checkpoint's own): what a device
+    map is sized in, and a dry run's plan."""
+    return _planning_dtype(_torch_dtype(spec.dtype), config)
 
 
 def _torch_dtype(name: str):
