@@ -211,10 +211,16 @@ def test_resume_runs_only_unfinished_points(swept, tiny_llama, tiny_gpt2, monkey
     assert len((out / "summary.csv").read_text().splitlines()) == 13
 
 
+FLOAT32_SHAPES = 1e-5  # float32 NLLs scored in other kernel shapes (the docstring below)
+
+
 def test_a_corpus_point_equals_a_standalone_raylm_ppl_run(swept, tmp_path):
     """The corpus scored on the sweep's resident actor (raylm.corpus.resident) against `raylm ppl`'s own path, a Ray
     Data actor pool loading the model, on the same corpus and options: counts and the domains exact; each
-    document's NLL to float32 rounding (the two score other windows side by side: other kernel shapes)."""
+    document's NLL to float32 rounding (the two score other windows side by side: other kernel shapes). A token's
+    NLL is logsumexp(logits) - its logit, each a few float32 ulps off under other shapes, so the NLL is off by a
+    few ulps of the logits' size, not its own: up to ~1.3e-6 of it has been seen. 1e-5 (84 float32 ulps) bounds
+    that; a real difference (a window scored twice or dropped) moves bits per byte by percents."""
     from raylm.corpus.run import run_corpus
 
     sweep, out, _, _ = swept
@@ -227,12 +233,13 @@ def test_a_corpus_point_equals_a_standalone_raylm_ppl_run(swept, tmp_path):
                                                            for d in ("heading", "paragraph"))]:
         assert {k: figures[k] for k in ("tokens", "words", "bytes", "chars", "docs")} == \
             {k: expected[k] for k in ("tokens", "words", "bytes", "chars", "docs")}
-        assert figures["bits_per_byte"] == pytest.approx(expected["bits_per_byte"], rel=1e-6)
-    assert ppl["macro"]["bits_per_byte"] == pytest.approx(standalone.metrics["macro"]["bits_per_byte"], rel=1e-6)
+        assert figures["bits_per_byte"] == pytest.approx(expected["bits_per_byte"], rel=FLOAT32_SHAPES)
+    assert ppl["macro"]["bits_per_byte"] == pytest.approx(standalone.metrics["macro"]["bits_per_byte"],
+                                                          rel=FLOAT32_SHAPES)
     docs = pq.read_table(out / model.name / CORPUS_POINT / "samples" / "ppl.parquet")
     plain = pq.read_table(tmp_path / "ppl" / "samples" / "ppl.parquet")
     assert docs.drop_columns(["nll"]).equals(plain.drop_columns(["nll"]))
-    assert docs["nll"].to_pylist() == pytest.approx(plain["nll"].to_pylist(), rel=1e-6)
+    assert docs["nll"].to_pylist() == pytest.approx(plain["nll"].to_pylist(), rel=FLOAT32_SHAPES)
 
 
 def test_a_corpus_point_whose_corpus_changed_is_rerun(swept):
