@@ -94,6 +94,9 @@ class EvalConfig:
     # and think_end_token (a generation is what follows its last occurrence, as HFLM post-processes it)
     enable_thinking: bool | None = None
     think_end_token: str | None = None
+    # lm-eval's --confirm_run_unsafe_code: code tasks' programs run without a sandbox on a node that cannot sandbox
+    # (raylm.sandbox.policy); where a node can, they run in its sandbox whatever this says
+    confirm_run_unsafe_code: bool = False
 
     def __post_init__(self) -> None:
         # lm-eval evaluates --samples documents in file order whatever order they are listed in, and labels each

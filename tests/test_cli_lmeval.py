@@ -80,6 +80,8 @@ LINES = [
     ("lm_eval --model_args pretrained=gpt2,enable_thinking=False --tasks gsm8k",
      {"enable_thinking": False, "chat_template_args": None}),
     ("lm_eval --model_args pretrained=gpt2 --tasks gsm8k --seed 1,2,3", {"seeds": (1, 2, 3, 1234)}),
+    ("lm_eval --model_args pretrained=gpt2 --tasks humaneval --confirm_run_unsafe_code",
+     {"confirm_run_unsafe_code": True}),
     ("lm_eval --model_args pretrained=gpt2 --tasks gsm8k --gen_kwargs '{\"max_gen_toks\": 16, \"top_k\": 5}'",
      {"gen_kwargs": {"max_gen_toks": 16, "top_k": 5}}),
 ]

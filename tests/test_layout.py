@@ -23,13 +23,13 @@ ALLOWED = {
     "storage": set(),  # where outputs live (atomic writes, the output lock, ownership): below every stage that writes
     "cache": set(),  # where computed-once things are kept (lm-eval's task index, weight digests): below every stage
     "data": set(),
-    "tasks": {"cache", "data"},
+    "tasks": {"cache", "data", "sandbox"},  # lm-eval's code tasks' metric runs programs in the sandbox
     "models": {"cache"},
     # the driver's encoder is built from a model's tokenizer and config; tables are kept in the cache, atomically
     "requests": {"cache", "models", "storage", "tasks"},
     "scoring": {"models", "requests"},  # and a scored shard's predictions and sums, which its actor computes
     "config": {"models", "requests", "storage", "tasks"},  # an output is a storage Location, parsed once
-    "cluster": {"models", "requests", "scoring", "storage"},
+    "cluster": {"models", "requests", "sandbox", "scoring", "storage"},
     "results": {"config", "models", "requests", "scoring", "storage", "tasks"},
     "corpus": {"cluster", "models", "requests", "results", "scoring", "storage"},
     # --dry-run counts the tokens a run computes with the scorer's own planner (plain functions, no model)

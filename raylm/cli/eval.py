@@ -136,6 +136,10 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--predict-only", action="store_true",
                     help="lm-eval's --predict_only: responses and samples only, lm-eval tasks' metrics replaced by "
                          "its 'bypass' (implies --log-samples)")
+    ev.add_argument("--confirm-run-unsafe-code", action="store_true",
+                    help="lm-eval's --confirm_run_unsafe_code: on a node that cannot sandbox (no bubblewrap, no user "
+                         "namespaces), run code tasks' programs without a sandbox, as lm-eval does; a node that can "
+                         "sandbox always does")
     ev.add_argument("--wandb-args", nargs="+", action=PairsAction, metavar="KEY=VALUE",
                     help="lm-eval's --wandb_args: log the results (and samples) to Weights & Biases through lm-eval's "
                          "WandbLogger, these being wandb.init's arguments (pip install 'raylm[wandb]')")
@@ -204,6 +208,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
                       apply_chat_template=args.apply_chat_template, fewshot_as_multiturn=args.fewshot_as_multiturn,
                       system_instruction=args.system_instruction, chat_template_args=chat_args,
                       enable_thinking=args.enable_thinking, think_end_token=args.think_end_token,
+                      confirm_run_unsafe_code=args.confirm_run_unsafe_code,
                       placement_timeout_s=args.placement_timeout,
                       gen_kwargs=parse_pairs(args.gen_kwargs, "--gen_kwargs") if args.gen_kwargs else None)
 

@@ -36,7 +36,6 @@ REFUSED = {
     "--max_batch_size": "caps lm-eval's auto batch size; raylm's --batch-size auto fills a token budget",
     "--trackio_args": "logs to Trackio, which raylm does not do",
     "--hf_hub_log_args": "pushes results to the Hugging Face hub, which raylm does not do",
-    "--confirm_run_unsafe_code": "runs tasks that execute code; raylm refuses such tasks",
     "--config": "reads lm-eval's YAML run config; raylm's equivalent is a sweep file (raylm sweep)",
     "-C": "(--config) reads lm-eval's YAML run config; raylm's equivalent is a sweep file (raylm sweep)",
 }

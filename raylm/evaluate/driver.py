@@ -110,7 +110,7 @@ def run_task_docs(cfg: EvalConfig) -> TaskDocs:
 def run_selection(cfg: EvalConfig) -> Selection | None:
     """The run's lm-eval tasks (raylm.tasks.lmeval.selection), resolved and checked before Ray starts."""
     return select_lmeval(cfg.tasks, cfg.include_path, model_args=cfg.model.lmeval_model_args(), metadata=cfg.metadata,
-                         samples=cfg.samples)
+                         samples=cfg.samples, unsafe_code=cfg.confirm_run_unsafe_code)
 
 
 def run_prompt(cfg: EvalConfig, tokenizer) -> PromptFormat:
@@ -305,6 +305,7 @@ def _lmeval_results(cfg: EvalConfig, built: Built, tables: Tables, results: dict
                     clean: dict[str, set[int]] | None) -> dict[str, Any]:
     """lm-eval's results for its tasks, from their scores, through lm-eval itself; each task's metrics and
     document count also go on its TaskResult."""
+    from raylm.cluster.programs import run_programs
     from raylm.results.lmeval import results as lmeval_results
     from raylm.results.lmeval import task_scores
 
@@ -312,7 +313,7 @@ def _lmeval_results(cfg: EvalConfig, built: Built, tables: Tables, results: dict
     for name in built.tasks["tasks"]:
         scores.update(task_scores(name, built.output_type(name), tables[name][1], results[name].scored,
                                   cfg.think_end_token))
-    out = lmeval_results(built, scores, cfg.bootstrap_iters, cfg.log_samples, clean)
+    out = lmeval_results(built, scores, cfg.bootstrap_iters, cfg.log_samples, clean, run_programs)
     for name in built.tasks["tasks"]:
         results[name].metrics = {k: v for k, v in out["results"][name].items()
                                  if k not in ("name", "alias", "sample_len")}

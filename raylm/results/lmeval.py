@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -22,6 +22,7 @@ from lm_eval.utils import handle_non_serializable, hash_string
 from raylm.errors import RaylmError
 from raylm.results.contamination import SUFFIX, decontaminated_key
 from raylm.tasks.lmeval.build import LMEVAL_LOCK, Built, cached_templates, documents
+from raylm.tasks.lmeval.code_eval import CODE_EVAL, RunPrograms, run_here
 
 # A loglikelihood request's score is (summed log-probability, continuation is the greedy decode); a rolling
 # request's is its document's summed log-probability over all windows (HFLM returns a bare float for it); a
@@ -93,6 +94,37 @@ def _fill(task_name: str, instances: list[Instance], scores: Mapping[ScoreKey, S
         inst.filtered_resps = {}
 
 
+def _filtered_documents(name: str, task: Any, built: Built, scores: Mapping[ScoreKey, Score]
+                        ) -> Iterator[tuple[str, int, dict, list[Instance]]]:
+    """evaluate()'s post-processing loop over a task: its responses filled in and filtered, then per filter per
+    document (filter_key, index, doc, its requests in idx order)."""
+    _fill(name, task.instances, scores)
+    task.apply_filters()
+    by_doc: dict[int, list[Instance]] = defaultdict(list)
+    for inst in task.instances:
+        by_doc[inst.doc_id].append(inst)
+    for instances in by_doc.values():
+        instances.sort(key=lambda x: x.idx)
+    for filter_key in task.instances[0].filtered_resps:
+        for doc_id, index, doc in documents(task, built.limits[name], built.indices(name)):
+            yield filter_key, index, doc, by_doc[doc_id]
+
+
+def _run_programs(built: Built, scores: Mapping[ScoreKey, Score], run_programs: RunPrograms) -> set[str]:
+    """The code tasks' programs, every one of them at once (raylm.tasks.lmeval.code_eval: each document's metric
+    asked once with its programs recorded, not run); returns the code tasks' names."""
+    code_tasks = {name: task for name, task in built.tasks["tasks"].items() if getattr(task, "UNSAFE_CODE", False)}
+
+    def record() -> None:
+        for name, task in code_tasks.items():
+            for filter_key, _, doc, requests in _filtered_documents(name, task, built, scores):
+                task.process_results(doc, [req.filtered_resps[filter_key] for req in requests])
+
+    if code_tasks:
+        CODE_EVAL.run_recorded(record, run_programs)
+    return set(code_tasks)
+
+
 def _logged_sample(doc_id: int, doc: dict, target: Any, requests: list[Instance], filter_key: str,
                    metrics: dict[str, Any]) -> dict[str, Any]:
     """evaluate()'s `example = {...}` for log_samples, field for field."""
@@ -115,7 +147,8 @@ def _logged_sample(doc_id: int, doc: dict, target: Any, requests: list[Instance]
 
 
 def results(built: Built, scores: Mapping[ScoreKey, Score], bootstrap_iters: int = 100000,
-            log_samples: bool = True, clean: Mapping[str, set[int]] | None = None) -> dict[str, Any]:
+            log_samples: bool = True, clean: Mapping[str, set[int]] | None = None,
+            run_programs: RunPrograms = run_here) -> dict[str, Any]:
     """lm-eval's results dict (results, groups, group_subtasks, configs, versions, n-shot, higher_is_better,
     n-samples, and samples when log_samples) from one score per (task, doc_id, idx).
 
@@ -126,7 +159,11 @@ def results(built: Built, scores: Mapping[ScoreKey, Score], bootstrap_iters: int
     its stderr beside it), now through lm-eval 0.4.13's own aggregation, stderr and group code: a second
     _process_results over the clean documents' values, its keys renamed. A group is thus aggregated over its
     subtasks' clean documents with their clean counts as weights, exactly what lm-eval reports when asked for
-    those documents alone (`samples=`); n-samples gains the clean count under `decontaminate`."""
+    those documents alone (`samples=`); n-samples gains the clean count under `decontaminate`.
+
+    Code tasks' programs are run by `run_programs` (on Ray: raylm.cluster.programs) before any metric is asked for;
+    each logged sample of theirs also has `programs`: per program its outcome (passed, failed, timed out, killed
+    by a limit) and HF code_eval's `passed` and `result`."""
     # process_docs runs again in doc_iterator and may draw from the global generators; doc_to_target is Jinja.
     with LMEVAL_LOCK, cached_templates():
         accumulators: dict[str, ResultAcc] = {
@@ -135,26 +172,21 @@ def results(built: Built, scores: Mapping[ScoreKey, Score], bootstrap_iters: int
         clean_acc: dict[str, ResultAcc] = {
             name: {"task": task, "raw_metrics": defaultdict(list), "logged_samples": []}
             for name, task in built.tasks["tasks"].items() if clean is not None}
+        code_tasks = _run_programs(built, scores, run_programs)
         for name, acc in accumulators.items():
             task = acc["task"]
-            _fill(name, task.instances, scores)
-            task.apply_filters()
-            by_doc: dict[int, list[Instance]] = defaultdict(list)
-            for inst in task.instances:
-                by_doc[inst.doc_id].append(inst)
-            for instances in by_doc.values():
-                instances.sort(key=lambda x: x.idx)
-            for filter_key in task.instances[0].filtered_resps:
-                for doc_id, index, doc in documents(task, built.limits[name], built.indices(name)):
-                    requests = by_doc[doc_id]
-                    metrics = task.process_results(doc, [req.filtered_resps[filter_key] for req in requests])
-                    if log_samples:
-                        acc["logged_samples"].append(
-                            _logged_sample(index, doc, task.doc_to_target(doc), requests, filter_key, metrics))
-                    for metric, value in metrics.items():
-                        acc["raw_metrics"][(metric, filter_key)].append(value)
-                        if clean is not None and index in clean[name]:
-                            clean_acc[name]["raw_metrics"][(metric, filter_key)].append(value)
+            for filter_key, index, doc, requests in _filtered_documents(name, task, built, scores):
+                CODE_EVAL.last = []
+                metrics = task.process_results(doc, [req.filtered_resps[filter_key] for req in requests])
+                if log_samples:
+                    example = _logged_sample(index, doc, task.doc_to_target(doc), requests, filter_key, metrics)
+                    if name in code_tasks:
+                        example["programs"] = [r for row in CODE_EVAL.last for r in row]
+                    acc["logged_samples"].append(example)
+                for metric, value in metrics.items():
+                    acc["raw_metrics"][(metric, filter_key)].append(value)
+                    if clean is not None and index in clean[name]:
+                        clean_acc[name]["raw_metrics"][(metric, filter_key)].append(value)
         groups = built.tasks.get("groups", {})
         processed = _process_results(accumulators, groups, bootstrap_iters)
         out = processed._to_eval_results(samples=processed.samples if log_samples else None)

@@ -77,18 +77,21 @@ def seed_globals(random_seed: int | None, numpy_seed: int | None, torch_seed: in
 
 def load(selection: Selection) -> TaskDict:
     """TaskManager.load of the expanded names (the datasets are read here), after refusing a group that holds a
-    task twice, and any task of a type raylm does not run. Call seed_globals first."""
+    task twice, and any task of a type raylm does not run. Code tasks' `evaluate.load("code_eval")` is raylm's
+    sandboxed, offline one (raylm.tasks.lmeval.code_eval). Call seed_globals first."""
+    from raylm.tasks.lmeval.code_eval import offline_code_eval
+
     try:
-        loaded = selection.manager.load(selection.names)
+        with offline_code_eval(selection.unsafe_code):
+            loaded = selection.manager.load(selection.names)
     except ValueError as e:
         if str(e).startswith("Duplicate task"):
             raise RaylmError(f"lm-eval: {e}") from e
         raise
     for name, task in loaded["tasks"].items():
         refuse_output_type(name, task.OUTPUT_TYPE, "")
-        if getattr(task, "UNSAFE_CODE", False) or getattr(task, "MULTIMODAL", False):
-            raise RaylmError(f"lm-eval task '{name}' is marked {'unsafe code' if task.UNSAFE_CODE else 'multimodal'};"
-                             " raylm runs neither tasks that execute code nor multimodal ones")
+        if getattr(task, "MULTIMODAL", False):
+            raise RaylmError(f"lm-eval task '{name}' is multimodal; raylm scores text only")
     return loaded
 
 

@@ -39,6 +39,7 @@ class Selection:
     manager: TaskManager
     names: list[str]  # expanded: patterns matched, tags and groups as named (TaskManager.load takes these)
     leaves: list[str]  # every task the names reach, as far as the index tells (Python-class tasks included)
+    unsafe_code: bool = False  # --confirm_run_unsafe_code (raylm.sandbox.policy)
 
 
 def select(names: Sequence[str], include_path: Path | None, metadata: dict[str, Any] | None = None) -> Selection:

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
 
 def select_lmeval(tasks: Sequence[str], include_path: Path | None = None, *, model_args: dict[str, Any] | None = None,
-                  metadata: dict[str, Any] | None = None, samples: dict[str, list[int]] | None = None
-                  ) -> Selection | None:
+                  metadata: dict[str, Any] | None = None, samples: dict[str, list[int]] | None = None,
+                  unsafe_code: bool = False) -> Selection | None:
     """The lm-eval names resolved from lm-eval's index alone (no data read): unknown names and task types raylm
     cannot score fail here, before Ray starts, and so does a native name that --include-path also defines. None when
     every name is native: lm-eval is then never imported, unless an --include-path is to be checked. The arguments
@@ -34,6 +34,7 @@ def select_lmeval(tasks: Sequence[str], include_path: Path | None = None, *, mod
 
     selection = select(lmeval_tasks, include_path, lmeval_metadata(model_args or {}, metadata))
     refuse_native_clash(tasks, selection.leaves)
+    selection.unsafe_code = unsafe_code
     if samples:
         _refuse_unknown_samples(tasks, samples, selection.leaves)
     return selection
