@@ -22,10 +22,10 @@ from fixture_data import read_golden
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "golden"))
 
-from leaderboard_mirror import write_mirror  # noqa: E402
-from make_leaderboard import OUT, leaderboard_dir  # noqa: E402
+from leaderboard_mirror import write_mirror
+from make_leaderboard import OUT, leaderboard_dir
 
-from raylm.config import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED  # noqa: E402
+from raylm.config import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED
 
 GOLDEN = read_golden(OUT.name.removesuffix(".xz"))
 SEEDS = (DEFAULT_RANDOM_SEED, DEFAULT_OTHER_SEED, DEFAULT_OTHER_SEED, DEFAULT_OTHER_SEED)
@@ -135,3 +135,66 @@ def test_every_task_and_group_metric_is_lm_evals(ours):
                     assert mine == value, (section, name, key)
     for section in ("group_subtasks", "n-shot", "n-samples", "higher_is_better"):
         assert ours[section] == GOLDEN[section], section
+
+
+def test_a_missing_punkt_tab_stops_an_ifeval_run_in_one_line_before_its_code_loads(mirror, tmp_path, monkeypatch):
+    """IFEval's code downloads punkt_tab when imported and, without a network, loads anyway and fails at scoring;
+    raylm looks on nltk's data path first. Offline, it says what is missing and how to get it; online, it
+    downloads it as lm-eval would, and a failed download says the same. Tasks without IFEval do not look."""
+    import nltk
+
+    from raylm.errors import RaylmError
+    from raylm.tasks.lmeval.build import load
+    from raylm.tasks.lmeval.names import select
+    from raylm.tasks.lmeval.nltk_data import ifeval_tasks
+
+    empty = tmp_path / "nltk_data"
+    monkeypatch.setattr(nltk.data, "path", [str(empty)])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    selection = select(["leaderboard"], leaderboard_dir())
+    assert ifeval_tasks(selection.manager, selection.leaves) == ["leaderboard_ifeval"]
+    how = r"download it where there is a network with python -c \"import nltk; nltk.download\('punkt_tab', " \
+          r"download_dir=DIR\)\", then set NLTK_DATA=DIR$"
+    with pytest.raises(RaylmError, match=rf"^leaderboard_ifeval needs nltk's punkt_tab \(tokenizers/punkt_tab\), "
+                                         rf"which is not on nltk's data path \({empty}\) and cannot be downloaded "
+                                         rf"offline: {how}"):
+        load(selection)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+
+    def no_network(*args, **kwargs):
+        raise ValueError("Error loading punkt_tab: <urlopen error [Errno -3]\nTemporary failure in name resolution>")
+
+    monkeypatch.setattr(nltk, "download", no_network)
+    with pytest.raises(RaylmError, match=r"and could not be downloaded \(Error loading punkt_tab: <urlopen error "
+                                         rf"\[Errno -3\] Temporary failure in name resolution>\): {how}") as raised:
+        load(select(["leaderboard_ifeval"], leaderboard_dir()))
+    assert "\n" not in str(raised.value)
+    assert load(select(["leaderboard_musr"], leaderboard_dir()))["tasks"]  # no IFEval: nltk is not asked
+
+
+def test_ifevals_language_checks_are_seeded(mirror, monkeypatch):
+    """langdetect draws a new seed for every text unless DetectorFactory.seed is set, and on a short text its
+    answer depends on it; raylm's metrics run with seed 0 whatever it was before (docs/switching-from-lm-eval.md),
+    so an IFEval score does not change from one run to the next."""
+    import pyarrow as pa
+    from langdetect import DetectorFactory, detect
+
+    from raylm.results.lmeval import results, task_scores
+    from raylm.tasks.lmeval.build import load_and_build
+    from raylm.tasks.lmeval.names import select
+
+    text, task = "Hello world", "leaderboard_ifeval"  # document 0 asks for English and no commas
+    answers = {}
+    for seed in range(8):
+        monkeypatch.setattr(DetectorFactory, "seed", seed)
+        answers[seed] = detect(text)
+    assert answers[0] == "en" and "nl" in answers.values()
+    monkeypatch.setattr(DetectorFactory, "seed", next(s for s, lang in answers.items() if lang != "en"))
+    built = load_and_build(select([task], leaderboard_dir()), SEEDS, None, 1)
+    generated = pa.table({"doc_id": pa.array([0], pa.int64()), "req_idx": pa.array([0], pa.int32()),
+                          "repeat": pa.array([0], pa.int32()), "generation": [text],
+                          "generated_tokens": pa.array([2], pa.int32()), "context_tokens": pa.array([7], pa.int32())})
+    out = results(built, task_scores(task, "generate_until", pa.table({}), generated), 0)
+    assert out["samples"][task][0]["inst_level_strict_acc"] == [True, True]
+    assert out["results"][task]["prompt_level_strict_acc,none"] == 1.0

@@ -83,12 +83,11 @@ def main() -> None:
         assert write_mirror(mirror) == (mirror / "hf-datasets", mirror / "nltk_data")
         import langdetect
         import lm_eval
+        import parity_fixtures as fx
         import torch
         import transformers
         from lm_eval.api.registry import get_model
         from lm_eval.tasks import TaskManager
-
-        import parity_fixtures as fx
 
         langdetect.DetectorFactory.seed = 0
         model = fx.chat_model(tmp / "chat", fx.LLAMA3_STYLE)
