@@ -4,8 +4,8 @@ run of it (tests/golden/lmeval-0.4.13_leaderboard.json.xz, made by tests/golden/
 tests/leaderboard_mirror.py, as a chat model's multiturn run, 2 documents per task, 8 new tokens.
 
 raylm's run goes through its real pieces in-process (the code `raylm eval` runs, without Ray): lm-eval's tasks
-built by raylm, tokenised by raylm's Encoder, scored and generated on a ResidentScorer (what an actor holds), and
-lm-eval's metrics computed by raylm.results.lmeval. Every prompt (by lm-eval's hash, the first document's in full),
+built and tokenised as the driver does (raylm.requests.lmeval.build_lmeval_requests), scored and generated on a
+ResidentScorer (what an actor holds), and lm-eval's metrics computed by raylm.results.lmeval. Every prompt (by lm-eval's hash, the first document's in full),
 every request's arguments, every generation and filtered response exactly, every loglikelihood within the golden
 README's tolerance, every per-document metric, and every task and group metric equal lm-eval's.
 """
@@ -57,10 +57,9 @@ def ours(mirror, tmp_path_factory) -> dict:
     from raylm.cluster.actors import ResidentScorer
     from raylm.models.spec import ModelSpec
     from raylm.requests.driver import driver_encoder, driver_sampling, prompt_format
-    from raylm.requests.lmeval import request_tables
+    from raylm.requests.lmeval import build_lmeval_requests
     from raylm.requests.shards import LMEVAL_KIND
     from raylm.results.lmeval import results, task_scores
-    from raylm.tasks.lmeval.build import load_and_build
     from raylm.tasks.lmeval.names import select
 
     s = GOLDEN["settings"]
@@ -69,12 +68,12 @@ def ours(mirror, tmp_path_factory) -> dict:
     encoder = driver_encoder(spec)
     prompt = prompt_format(encoder.tokenizer, apply_chat_template=s["apply_chat_template"],
                            multiturn=s["fewshot_as_multiturn"])
-    built = load_and_build(select(s["tasks"], leaderboard_dir()), SEEDS, None, s["limit"], prompt=prompt,
-                           gen_kwargs=parse_pairs([s["gen_kwargs"]], "--gen_kwargs"))
-    tables = request_tables(built, encoder, lambda: driver_sampling(spec), SEEDS[2])
+    built, tables = build_lmeval_requests(select(s["tasks"], leaderboard_dir()), encoder, prompt, tasks=s["tasks"],
+                                          seeds=SEEDS, limit=s["limit"], sampling=lambda: driver_sampling(spec),
+                                          gen_kwargs=parse_pairs([s["gen_kwargs"]], "--gen_kwargs"))
     scorer = ResidentScorer(spec, threads=1, batch_size=None)
     scores = {}
-    for name, table in tables.items():
+    for name, (_, table) in tables.items():
         scores.update(task_scores(name, built.output_type(name), table, scorer.score(LMEVAL_KIND, table).table))
     return json.loads(json.dumps(results(built, scores, s["bootstrap_iters"]), default=str))  # as the golden
 
