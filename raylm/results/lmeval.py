@@ -166,6 +166,7 @@ def results(built: Built, scores: Mapping[ScoreKey, Score], bootstrap_iters: int
     by a limit) and HF code_eval's `passed` and `result`."""
     # process_docs runs again in doc_iterator and may draw from the global generators; doc_to_target is Jinja.
     with LMEVAL_LOCK, cached_templates():
+        seed_langdetect()
         accumulators: dict[str, ResultAcc] = {
             name: {"task": task, "raw_metrics": defaultdict(list), "logged_samples": []}
             for name, task in built.tasks["tasks"].items()}
@@ -193,6 +194,18 @@ def results(built: Built, scores: Mapping[ScoreKey, Score], bootstrap_iters: int
         if clean is not None:
             _add_decontaminated(out, _process_results(clean_acc, groups, bootstrap_iters)._to_eval_results())
         return out
+
+
+def seed_langdetect() -> None:
+    """IFEval's language checks call langdetect, which draws a new random seed for every text unless
+    DetectorFactory.seed is set: lm-eval's own IFEval scores of a short or mixed-language answer can change from
+    one run to the next. raylm sets it to 0, a deliberate difference from lm-eval (docs/switching-from-lm-eval.md).
+    Without langdetect installed no task calls it."""
+    try:
+        from langdetect import DetectorFactory
+    except ImportError:
+        return
+    DetectorFactory.seed = 0
 
 
 def _add_decontaminated(out: dict[str, Any], clean: dict[str, Any]) -> None:

@@ -24,6 +24,7 @@ from lm_eval.tasks.manager import TaskDict
 
 from raylm.errors import RaylmError
 from raylm.tasks.lmeval.names import Selection, refuse_output_type
+from raylm.tasks.lmeval.nltk_data import require_punkt_tab
 from raylm.tasks.prompt import PLAIN, PromptFormat
 
 LMEVAL_LOCK = threading.RLock()
@@ -77,10 +78,12 @@ def seed_globals(random_seed: int | None, numpy_seed: int | None, torch_seed: in
 
 def load(selection: Selection) -> TaskDict:
     """TaskManager.load of the expanded names (the datasets are read here), after refusing a group that holds a
-    task twice, and any task of a type raylm does not run. Code tasks' `evaluate.load("code_eval")` is raylm's
-    sandboxed, offline one (raylm.tasks.lmeval.code_eval). Call seed_globals first."""
+    task twice, and any task of a type raylm does not run, and once IFEval's nltk data is found
+    (raylm.tasks.lmeval.nltk_data). Code tasks' `evaluate.load("code_eval")` is raylm's sandboxed, offline one
+    (raylm.tasks.lmeval.code_eval). Call seed_globals first."""
     from raylm.tasks.lmeval.code_eval import offline_code_eval
 
+    require_punkt_tab(selection.manager, selection.leaves)
     try:
         with offline_code_eval(selection.unsafe_code):
             loaded = selection.manager.load(selection.names)
