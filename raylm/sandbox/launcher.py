@@ -7,8 +7,8 @@ check_correctness runs it, so that a program passes here exactly where it passes
 `__name__` is not "__main__"), stdin unreadable, and the same functions disabled (its reliability_guard: os.fork,
 os.kill, subprocess.Popen, exit(), ...). It passes when the exec returns; an exception, SystemExit included, fails it.
 
-This file is stdlib-only and is passed to the interpreter as `-c` text: the sandbox does not see raylm's checkout.
-argv: result_fd cpu_s memory_bytes processes file_bytes; the program's source arrives on stdin.
+This file is stdlib-only and reaches the interpreter on stdin (programs.BOOTSTRAP): the sandbox does not see raylm's
+checkout. argv: result_fd cpu_s memory_bytes processes file_bytes; the program's source follows this file on stdin.
 """
 
 import builtins

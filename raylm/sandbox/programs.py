@@ -27,7 +27,10 @@ __all__ = ["Limits", "Outcome", "run_program", "sandbox_unavailable"]
 
 log = logging.getLogger(__name__)
 
-LAUNCHER = (Path(__file__).parent / "launcher.py").read_text()
+LAUNCHER = (Path(__file__).parent / "launcher.py").read_bytes()
+# The interpreter's first code: launcher.py's text, whose length it is given, comes first on stdin (the sandbox does
+# not see raylm's checkout, and as `-c` text it would fill every process listing), then the program's source.
+BOOTSTRAP = "import sys; n = int(sys.argv.pop(1)); exec(compile(sys.stdin.buffer.read(n), 'launcher.py', 'exec'))"
 OUTPUT_BYTES = 64 << 10  # the tail of a program's output kept, to name how it died where the launcher could not
 STARTUP_S = 30.0  # the most a sandbox may take to start before the wall time starts counting (a busy node)
 REAP_S = 10.0  # the most the sandbox's teardown may take once its processes are killed
@@ -78,7 +81,7 @@ def run_program(source: str, limits: Limits = Limits(), sandboxed: bool = True) 
             env = {"PATH": PATH, "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", **THREADS}
             # unsandboxed, RLIMIT_NPROC counts every process of the caller's user: allow that many more
             processes = limits.processes + (0 if sandboxed or os.geteuid() == 0 else _tasks_of(os.getuid()))
-            launcher = [sys.executable, "-I", "-c", LAUNCHER, str(result_w), str(limits.cpu_s),
+            launcher = [sys.executable, "-I", "-c", BOOTSTRAP, str(len(LAUNCHER)), str(result_w), str(limits.cpu_s),
                         str(limits.memory_bytes), str(processes), str(limits.scratch_bytes)]
             user = sandbox_user() if sandboxed else None
             command = [*bwrap_command(limits.scratch_bytes, env, info_w), *launcher] if sandboxed else launcher
@@ -103,7 +106,7 @@ def _watch(proc: subprocess.Popen, source: str, limits: Limits, result_r: int, i
     """Feed the program its source, read its pipes until it exits or its time is up, then kill every process it
     left and wait until they are gone."""
     run = _Run(bytearray(), bytearray(), bytearray())
-    data = memoryview(source.encode())
+    data = memoryview(LAUNCHER + source.encode())
     try:
         while data:
             data = data[proc.stdin.write(data):]
