@@ -6,6 +6,9 @@
 # later scores as the tested one did: torch (the README's pin; from PyPI, its CUDA build), transformers, lm-eval
 # (pyproject.toml's pin) and Ray (the image's own, named so pip keeps it).
 FROM rayproject/ray:2.60.0-py311-gpu
+# Code-execution tasks (HumanEval, MBPP) run each generated program in a bubblewrap sandbox (docs/sandbox.md).
+RUN sudo apt-get update -qq && sudo apt-get install -y -qq --no-install-recommends bubblewrap \
+    && sudo rm -rf /var/lib/apt/lists/*
 WORKDIR /home/ray/raylm
 COPY --chown=ray:users . .
 RUN pip install "torch==2.13.0" "transformers==5.25.0" "lm-eval==0.4.13" "ray[default]==2.60.0" -e ".[tasks,peft,wandb]"

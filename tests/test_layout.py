@@ -14,14 +14,16 @@ import pytest
 RAYLM = Path(__file__).resolve().parents[1] / "raylm"
 
 # The data path, first to last: a package may import only packages before it (tests below check the table too).
-STAGES = ("storage", "cache", "data", "tasks", "models", "requests", "scoring", "config", "cluster", "results",
-          "corpus", "evaluate", "sweep", "probe", "contamination", "compare", "cli", "api", "lm_eval", "__main__")
+STAGES = ("storage", "cache", "sandbox", "data", "tasks", "models", "requests", "scoring", "config", "cluster",
+          "results", "corpus", "evaluate", "sweep", "probe", "contamination", "compare", "cli", "api", "lm_eval",
+          "__main__")
 
 # package -> the raylm packages it imports (besides itself and errors): exactly those, so the table says what the
 # code does. Top-level modules are named bare.
 ALLOWED = {
     "storage": set(),  # where outputs live (atomic writes, the output lock, ownership): below every stage that writes
     "cache": set(),  # where computed-once things are kept (lm-eval's task index, weight digests): below every stage
+    "sandbox": set(),  # generated programs run under bubblewrap (code-execution tasks): plain subprocesses
     "data": set(),
     "tasks": {"cache", "data", "sandbox"},  # lm-eval's code tasks' metric runs programs in the sandbox
     "models": {"cache"},
