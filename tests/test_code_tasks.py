@@ -137,3 +137,30 @@ def test_sampled_generations_are_the_same_on_one_or_two_actors_and_their_program
     for sample in runs[1]["samples"]["humaneval_4_local"]:
         assert [p["outcome"] for p in sample["programs"]] == ["failed"] * 4  # a random model's code
     assert runs[0]["results"]["humaneval_4_local"]["pass@2,create_test"] == 0.0
+
+
+def test_a_node_that_cannot_sandbox_refuses_code_tasks_at_load_unless_unsafe_code_is_confirmed(
+        code_tasks, tmp_path, monkeypatch, caplog):
+    """lm-eval's code utils check at load that code can run; on a node without bubblewrap that check is raylm's
+    one-line refusal, before any model work; --confirm_run_unsafe_code runs the programs unsandboxed, warning."""
+    from raylm.errors import RaylmError
+    from raylm.sandbox.bubblewrap import sandbox_unavailable
+
+    sandbox_unavailable.cache_clear()
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
+    try:
+        with pytest.raises(RaylmError, match=r"needs bubblewrap .*--confirm_run_unsafe_code") as refused:
+            load_and_build(select(["humaneval_local"], code_tasks), SEEDS, None, 1)
+        assert "\n" not in str(refused.value)
+        selection = select(["humaneval_local"], code_tasks)
+        selection.unsafe_code = True
+        built = load_and_build(selection, SEEDS, None, None)
+        texts = {key: SOLUTIONS[key[1]] for key in fixed_generations(built)}
+        scores = task_scores("humaneval_local", "generate_until", pa.table({}),
+                             scored_generations(texts, "humaneval_local"))
+        CODE_EVAL.outcomes.clear()
+        ours = results(built, scores, 0)
+    finally:
+        sandbox_unavailable.cache_clear()
+    assert ours["results"]["humaneval_local"]["pass@1,create_test"] == 1.0
+    assert "WITHOUT a sandbox" in caplog.text
