@@ -164,3 +164,40 @@ def test_a_node_that_cannot_sandbox_refuses_code_tasks_at_load_unless_unsafe_cod
         sandbox_unavailable.cache_clear()
     assert ours["results"]["humaneval_local"]["pass@1,create_test"] == 1.0
     assert "WITHOUT a sandbox" in caplog.text
+
+
+def test_hostile_programs_are_failed_samples_and_the_run_finishes(code_tasks, tmp_path, monkeypatch):
+    """Completions that attack the node, each after a correct solution so that it would pass were it not
+    contained: every one is a failed sample with its outcome logged, nothing reaches the host, the run finishes."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "caller-secret")
+    escaped = tmp_path / "escaped"
+    attacks = {  # top-level code after the completed function, before the tests
+        "loops": "while True:\n    pass\n",
+        "allocates 6 GiB": "hoard = bytearray(6 << 30)\n",
+        "reads the caller's credentials": "import os\nassert os.environ['AWS_SECRET_ACCESS_KEY'] == 'caller-secret'\n",
+        "connects out": "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1).close()\n",
+        "writes to $HOME and /tmp": f"open({str(home / 'pwned')!r}, 'w').write('x')\n",
+        "writes to the host": f"import pathlib\npathlib.Path({str(escaped)!r}).write_text('x')\n",
+        "kills its parent, then fails": "import posix\nposix.kill(posix.getppid(), 9)\nraise SystemExit(1)\n",
+        "forks": "import posix\nposix.fork()\nraise SystemExit(1)\n",
+    }
+    built = load_and_build(select(["humaneval_4_local"], code_tasks), SEEDS, None, 2)
+    kinds = list(attacks)
+    texts = {key: SOLUTIONS[key[1]] + attacks[kinds[(key[1] * 4 + key[3]) % len(kinds)]]
+             for key in fixed_generations(built)}
+    scores = task_scores("humaneval_4_local", "generate_until", pa.table({}),
+                         scored_generations(texts, "humaneval_4_local"))
+    CODE_EVAL.outcomes.clear()
+    ours = results(built, scores, 0)
+    outcomes = {kinds[(s["doc_id"] * 4 + r) % len(kinds)]: (p["outcome"], p["detail"])
+                for s in ours["samples"]["humaneval_4_local"] for r, p in enumerate(s["programs"])}
+    assert set(outcomes) == set(attacks), outcomes
+    assert outcomes["loops"] == ("timed out", "wall time")
+    assert outcomes["allocates 6 GiB"] == ("killed by a limit", "memory")
+    assert all(outcome in ("failed", "killed by a limit") for kind, (outcome, _) in outcomes.items()
+               if kind not in ("loops",)), outcomes
+    assert ours["results"]["humaneval_4_local"]["pass@2,create_test"] == 0.0
+    assert not (home / "pwned").exists() and not escaped.exists()
