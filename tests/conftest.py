@@ -15,7 +15,12 @@ import pytest
 import torch
 from fixture_data import STORIES, data_dir
 from lm_eval.tasks import TaskManager
-from offline_tasks import wikitext_pages, write_mirror_tasks, write_pages, write_reference_tasks
+from offline_tasks import (
+    wikitext_pages,
+    write_mirror_tasks,
+    write_pages,
+    write_reference_tasks,
+)
 
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ.pop("RAY_ADDRESS", None)
@@ -228,3 +233,20 @@ def pickle_only_model(tiny_llama, tmp_path_factory) -> Path:
     torch.save(load_file(path / "model.safetensors"), path / "pytorch_model.bin")
     (path / "model.safetensors").unlink()
     return path
+
+
+def require_sandbox() -> None:
+    """A test that runs generated programs in the sandbox: where this node cannot make one it skips, saying why,
+    except where CI=true (.ci/run installs bubblewrap), where it fails."""
+    from raylm.sandbox.bubblewrap import sandbox_unavailable
+
+    reason = sandbox_unavailable()
+    if reason is not None and os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{reason} (required where CI=true)", pytrace=False)
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def sandboxed() -> None:
+    require_sandbox()

@@ -21,7 +21,11 @@ from test_generation_tasks import SEEDS, ReplayLM, scored_generations
 
 from raylm.results.lmeval import results, task_scores
 from raylm.tasks.lmeval.build import LMEVAL_LOCK, documents, load_and_build
-from raylm.tasks.lmeval.code_eval import CODE_EVAL, estimate_pass_at_k, offline_code_eval
+from raylm.tasks.lmeval.code_eval import (
+    CODE_EVAL,
+    estimate_pass_at_k,
+    offline_code_eval,
+)
 from raylm.tasks.lmeval.names import select
 
 # What a fixed generation does to its program: a correct completion, a wrong one, and two that raise.
@@ -70,10 +74,11 @@ def fixed_generations(built) -> dict[tuple[str, int, int, int], str]:
 
 def ran_directly(program: str) -> bool:
     """The program as HF code_eval judges it, run here without any sandbox: passed when it exits cleanly."""
-    return subprocess.run([sys.executable, "-c", program], capture_output=True, timeout=30).returncode == 0
+    return subprocess.run([sys.executable, "-c", program], check=False, capture_output=True,
+                          timeout=30).returncode == 0
 
 
-def test_code_task_results_are_lm_evals_own_and_each_outcome_is_the_program_run_directly(code_tasks):
+def test_code_task_results_are_lm_evals_own_and_each_outcome_is_the_program_run_directly(code_tasks, sandboxed):
     names = ["humaneval_local", "humaneval_plus_local", "mbpp_local", "mbpp_plus_local"]
     built = load_and_build(select(names, code_tasks), SEEDS, None, None)
     texts = fixed_generations(built)
@@ -115,7 +120,7 @@ def test_code_task_results_are_lm_evals_own_and_each_outcome_is_the_program_run_
 
 
 def test_sampled_generations_are_the_same_on_one_or_two_actors_and_their_programs_run_on_ray(
-        ray_session, tiny_gpt2, code_tasks):
+        ray_session, tiny_gpt2, code_tasks, sandboxed):
     """humaneval_64's sampling (4 samples a problem here): every sample seeded by (seed, document, repeat), so two
     actors with another batch size draw the same texts; the programs run on Ray CPU tasks once the actors are
     gone, each with its outcome logged."""
@@ -147,6 +152,7 @@ def test_a_node_that_cannot_sandbox_refuses_code_tasks_at_load_unless_unsafe_cod
     from raylm.sandbox.bubblewrap import sandbox_unavailable
 
     sandbox_unavailable.cache_clear()
+    CODE_EVAL.outcomes.clear()  # lm-eval's check program would be answered from an earlier run's outcome
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
     try:
         with pytest.raises(RaylmError, match=r"needs bubblewrap .*--confirm_run_unsafe_code") as refused:
@@ -166,7 +172,7 @@ def test_a_node_that_cannot_sandbox_refuses_code_tasks_at_load_unless_unsafe_cod
     assert "WITHOUT a sandbox" in caplog.text
 
 
-def test_hostile_programs_are_failed_samples_and_the_run_finishes(code_tasks, tmp_path, monkeypatch):
+def test_hostile_programs_are_failed_samples_and_the_run_finishes(code_tasks, tmp_path, monkeypatch, sandboxed):
     """Completions that attack the node, each after a correct solution so that it would pass were it not
     contained: every one is a failed sample with its outcome logged, nothing reaches the host, the run finishes."""
     home = tmp_path / "home"

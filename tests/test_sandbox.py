@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import require_sandbox
 
 from raylm.errors import RaylmError
 from raylm.sandbox.bubblewrap import sandbox_unavailable, sandbox_user
@@ -31,11 +32,8 @@ REAL_HOME = Path(pwd.getpwuid(os.getuid()).pw_dir)
 def sandbox(request):
     """Every test but those that fake a node of their own runs programs in the sandbox: where this node cannot make
     one the test skips, saying why, except where CI=true (.ci/run installs bubblewrap), where it fails."""
-    reason = None if "fresh_check" in request.fixturenames else sandbox_unavailable()
-    if reason is not None and os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{reason} (required where CI=true)", pytrace=False)
-    if reason is not None:
-        pytest.skip(reason)
+    if "fresh_check" not in request.fixturenames:
+        require_sandbox()
 
 
 @pytest.fixture
