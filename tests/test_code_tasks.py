@@ -152,7 +152,7 @@ def test_a_node_that_cannot_sandbox_refuses_code_tasks_at_load_unless_unsafe_cod
     from raylm.sandbox.bubblewrap import sandbox_unavailable
 
     sandbox_unavailable.cache_clear()
-    CODE_EVAL.outcomes.clear()  # lm-eval's check program would be answered from an earlier run's outcome
+    CODE_EVAL.outcomes.clear()  # so that the programs below run here, unsandboxed, not answered from earlier runs
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
     try:
         with pytest.raises(RaylmError, match=r"needs bubblewrap .*--confirm_run_unsafe_code") as refused:

@@ -16,14 +16,20 @@ log = logging.getLogger(__name__)
 _warned: set[str] = set()
 
 
-def run_checked(source: str, limits: Limits, unsafe_allowed: bool) -> Outcome:
+def sandboxed_here(unsafe_allowed: bool) -> bool:
+    """Whether this node runs programs in its sandbox (True) or, allowed to, without one (False, warned once);
+    one line where it cannot and may not. A run checks this where it loads code tasks, before any model work."""
     why = sandbox_unavailable()
     if why is None:
-        return run_program(source, limits, sandboxed=True)
+        return True
     if not unsafe_allowed:
         raise RaylmError(why)
     if why not in _warned:
         _warned.add(why)
         log.warning("running generated programs WITHOUT a sandbox (--confirm_run_unsafe_code): they can read this "
                     "node's files and reach its network; %s", why)
-    return run_program(source, limits, sandboxed=False)
+    return False
+
+
+def run_checked(source: str, limits: Limits, unsafe_allowed: bool) -> Outcome:
+    return run_program(source, limits, sandboxed=sandboxed_here(unsafe_allowed))

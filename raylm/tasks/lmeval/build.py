@@ -80,7 +80,9 @@ def load(selection: Selection) -> TaskDict:
     """TaskManager.load of the expanded names (the datasets are read here), after refusing a group that holds a
     task twice, and any task of a type raylm does not run, and once IFEval's nltk data is found
     (raylm.tasks.lmeval.nltk_data). Code tasks' `evaluate.load("code_eval")` is raylm's sandboxed, offline one
-    (raylm.tasks.lmeval.code_eval). Call seed_globals first."""
+    (raylm.tasks.lmeval.code_eval), and this node must be able to sandbox, or be allowed not to
+    (raylm.sandbox.policy). Call seed_globals first."""
+    from raylm.sandbox.policy import sandboxed_here
     from raylm.tasks.lmeval.code_eval import offline_code_eval
 
     require_punkt_tab(selection.manager, selection.leaves)
@@ -95,6 +97,8 @@ def load(selection: Selection) -> TaskDict:
         refuse_output_type(name, task.OUTPUT_TYPE, "")
         if getattr(task, "MULTIMODAL", False):
             raise RaylmError(f"lm-eval task '{name}' is multimodal; raylm scores text only")
+    if any(getattr(task, "UNSAFE_CODE", False) for task in loaded["tasks"].values()):
+        sandboxed_here(selection.unsafe_code)
     return loaded
 
 
