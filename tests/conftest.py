@@ -57,7 +57,7 @@ LONGEST_FIRST = ("test_corpus.py", "test_contamination.py", "test_sweep.py", "te
                  "test_lmeval_eval.py", "test_autoscaling.py", "test_storage_s3.py", "test_mlm_eval.py",
                  "test_cli.py", "test_golden.py", "test_fault_tolerance.py", "test_architectures.py",
                  "test_quantization.py", "test_generation_parity.py", "test_lmeval_names.py", "test_node_loss.py",
-                 "test_generation_tasks.py", "test_report.py", "test_membership.py", "test_parity_golden.py",
+                 "test_generation_tasks.py", "test_code_tasks.py", "test_leaderboard.py", "test_report.py", "test_membership.py", "test_parity_golden.py",
                  "test_lmeval_golden.py", "test_bench_gpu_driver.py", "test_mlm_ppl.py", "test_eval_ray.py",
                  "test_fewshot.py", "test_cpus.py", "test_model_identity.py", "test_mlm_scoring.py",
                  "test_placement_timeout.py", "test_scoring.py", "test_generation_engine.py", "test_bad_input.py",

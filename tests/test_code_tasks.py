@@ -131,14 +131,14 @@ def test_sampled_generations_are_the_same_on_one_or_two_actors_and_their_program
     spec = ModelSpec(str(tiny_gpt2), dtype="float32", device="cpu")
     runs = []
     for actors, batch_size in ((1, 1), (2, 3)):
-        cfg = EvalConfig(spec, ("humaneval_4_local",), include_path=code_tasks, limit=3, actors=actors,
+        cfg = EvalConfig(spec, ("humaneval_4_local",), include_path=code_tasks, limit=2, actors=actors,
                          batch_size=batch_size, shard_requests=1, progress=False, log_samples=True,
                          bootstrap_iters=0, gen_kwargs={"max_gen_toks": 6})
         runs.append(evaluate(cfg).lmeval)
     one, two = ([s["resps"] for s in run["samples"]["humaneval_4_local"]] for run in runs)
     assert one == two
     texts = [text for resps in one for text in resps[0]]
-    assert len(texts) == 12 and len(set(texts)) > 3  # sampled: the repeats differ
+    assert len(texts) == 8 and len(set(texts)) > 2  # sampled: the repeats differ
     for sample in runs[1]["samples"]["humaneval_4_local"]:
         assert [p["outcome"] for p in sample["programs"]] == ["failed"] * 4  # a random model's code
     assert runs[0]["results"]["humaneval_4_local"]["pass@2,create_test"] == 0.0
