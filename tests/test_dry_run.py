@@ -15,7 +15,7 @@ import ray
 from conftest import DATA
 from raylm.cli import main
 from raylm.cluster.actors import ResidentScorer, score_shard
-from raylm.cluster.estimate import seconds
+from raylm.cluster.estimate import CPU_RUN_START_S, seconds
 from raylm.config import EvalConfig
 from raylm.corpus.doc_scoring import DocKL, DocPerplexity
 from raylm.corpus.run import CorpusConfig, run_corpus
@@ -162,6 +162,10 @@ def test_a_ppl_dry_run_without_weights_counts_what_the_actors_compute(weightless
     assert corpus["windows"] > corpus["documents"]  # documents longer than a window: the stride rule counts
     assert plan["model"]["parameters"] > 0 and plan["model_b"] is None
     assert all(c["actors"] >= 1 for c in plan["cost"].values())
+    cpu = plan["cost"]["cpu"]  # Ray Data's start besides a run's: a corpus run's fixed cost is the larger
+    assert cpu["wall_s"] == pytest.approx(cpu["start_s"] + seconds(corpus["computed"]["cpu"],
+                                                                   plan["model"]["parameters"], cpu["flops_per_actor"]))
+    assert cpu["start_s"] > CPU_RUN_START_S
 
 
 def test_a_kl_dry_run_plans_both_models_and_counts_what_the_actor_computes(weightless_llama, tiny_llama, tmp_path,

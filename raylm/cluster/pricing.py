@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from raylm.cluster.capacity import Capacity, NodeType
-from raylm.cluster.estimate import CPU_THREAD_FLOPS_MEASURED, GPU_TYPES, seconds
+from raylm.cluster.estimate import CPU_RUN_START_S, CPU_THREAD_FLOPS_MEASURED, GPU_TYPES, seconds
 from raylm.cluster.placement import DEFAULT_MAX_ACTORS, Ask, plan, threads_with_reading
 from raylm.models.spec import ModelSpec
 from raylm.scoring.shape import ModelShape
@@ -24,19 +24,21 @@ RATES_NOTE = "GPU rates are assumptions (published dense bf16 peak x utilisation
 
 
 def price(ask: Ask, parameters: int, weights_bytes: int, computed: dict[str, int | None],
-          uncounted_tokens: int) -> dict[str, Any]:
+          uncounted_tokens: int, cpu_start_s: float = CPU_RUN_START_S) -> dict[str, Any]:
     """Actors, memory, wall time and GPU-hours per device type, for `computed` tokens per device type ("cpu",
-    "cuda"; `uncounted_tokens` where one is None) through `parameters` per token. The actors are what placement
-    asks for with `ask` (its device set to each type), so a run on such a cluster asks for what the plan says."""
+    "cuda"; `uncounted_tokens` where one is None) through `parameters` per token; a run on this machine's CPU
+    also costs `cpu_start_s` besides scoring. The actors are what placement asks for with `ask` (its device set to
+    each type), so a run on such a cluster asks for what the plan says."""
     out: dict[str, Any] = {}
     cpus = os.cpu_count() or 1
     cpu = plan(replace(ask, device="cpu", num_gpus=None), Capacity(({"CPU": float(cpus)},), (), "this machine"))
     threads = threads_with_reading(cpu.threads, cpu.actors, ask.reserve_cpus) if cpu.actors else cpu.threads
     tokens = computed["cpu"] if computed["cpu"] is not None else uncounted_tokens
     flops = CPU_THREAD_FLOPS_MEASURED * threads
+    start = cpu_start_s if cpu.actors else 0.0
     one = seconds(tokens, parameters, flops) if cpu.actors else 0.0
     out["cpu"] = {"cpus": cpus, "actors": cpu.actors, "threads_per_actor": threads, "flops_per_actor": flops,
-                  "wall_s": one / max(cpu.actors, 1), "placement": cpu.reason}
+                  "start_s": start, "wall_s": start + one / max(cpu.actors, 1), "placement": cpu.reason}
     tokens = computed["cuda"] if computed["cuda"] is not None else uncounted_tokens
     for gpu in GPU_TYPES:
         node = NodeType(f"{gpu.name} node", {"CPU": 8.0, "GPU": 1.0}, DEFAULT_MAX_ACTORS)

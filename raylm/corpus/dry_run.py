@@ -12,6 +12,7 @@ import os
 from dataclasses import replace
 from typing import Any
 
+from raylm.cluster.estimate import CPU_RUN_START_S, STREAM_START_S
 from raylm.cluster.placement import Ask
 from raylm.cluster.pricing import RATES_NOTE, cost_table, count, model_entry, model_line, price, publish
 from raylm.corpus import READ_CPUS
@@ -48,7 +49,7 @@ def corpus_plan(cfg: CorpusConfig, out: str | os.PathLike[str] | None) -> dict[s
         "corpus": corpus,
         # Each token runs through both models of a KL run, on one actor that holds both.
         "cost": price(ask, sum(s.parameters for s in shapes), sum(s.weights_bytes for s in shapes),
-                      corpus["computed"], corpus["in_requests"]),
+                      corpus["computed"], corpus["in_requests"], CPU_RUN_START_S + STREAM_START_S),
     }
 
 
