@@ -126,9 +126,9 @@ class KLScorer:
         """Run the passes in order, the KV caches carried from each to the next when there are several."""
         caches = (DynamicCache(), DynamicCache()) if len(passes) > 1 else (None, None)
         for rows, predicts in passes:
-            self.computed_tokens += sum(len(row) for row in rows)
             logp = self._logprobs(self.model_p, rows, predicts, caches[0])
             logq = self._logprobs(self.model_q, rows, predicts, caches[1]).to(logp.device)
+            self.computed_tokens += sum(len(row) for row in rows)  # once both passes ran (not a pass out of memory)
             if logp.shape[-1] != logq.shape[-1]:
                 raise RaylmError(f"the two models' logits are {logp.shape[-1]} and {logq.shape[-1]} ids wide, which "
                                  "their configs did not say; KL compares distributions over the same ids")
