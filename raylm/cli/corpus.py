@@ -46,6 +46,10 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
                             f"command to resume from (default {CHECKPOINT_EVERY_S:g})")
         p.add_argument("--no-progress", action="store_true",
                        help="no progress bar on stderr (it counts documents scored)")
+        p.add_argument("--dry-run", action="store_true",
+                       help="print and write (plan.json in --output) what the run would compute and cost, from the "
+                            "models' configs, tokenizer and the corpus alone: no weights loaded, no Ray started "
+                            "(docs/dry-run.md)")
         p.set_defaults(run=run_corpus_command)
     add_scorer_options(ppl)
 
@@ -64,6 +68,10 @@ def run_corpus_command(args: argparse.Namespace) -> int:
     if args.output is None:
         args.output = corpus_dir(cfg)
         print(f"writing to {args.output}; the same command resumes from it", flush=True)
+    if args.dry_run:
+        from raylm.corpus.dry_run import print_corpus_plan
+
+        return print_corpus_plan(cfg, args.output)
     out = prepare_output(args.output)
     result = run_corpus(cfg, out)
     metrics = {k: v for k, v in result.metrics.items() if not isinstance(v, dict)}

@@ -44,12 +44,8 @@ def run_sweep_file(args: argparse.Namespace) -> int:
 
 
 def _dry_run(sweep, out) -> int:
-    from raylm.evaluate.dry_run import write_plan
-    from raylm.storage.location import prepare_output
+    from raylm.cluster.pricing import publish
     from raylm.sweep.dry_run import format_sweep_plan, sweep_plan
 
     plan = sweep_plan(sweep, out)
-    print(format_sweep_plan(plan))
-    prepare_output(out)
-    print(f"plan written to {write_plan(out, plan)}")
-    return 0
+    return publish(format_sweep_plan(plan), plan, out)

@@ -10,6 +10,13 @@ is small at the context lengths scored here). Where each figure comes from is in
   needs. They are rates over a request's every token (Work.tokens, before prefix sharing).
 - CPU_THREAD_FLOPS_MEASURED: measured on this project's 2-core EPYC development machine over the tokens the token
   tree computes (bench/RESULTS.md, all 57 MMLU subjects x 20, 5-shot, GPT-2 small: 155 GFLOP/s on 2 threads).
+- CPU_RUN_START_S: what a run on this machine's CPU costs besides scoring (the interpreter, a local Ray, an actor's
+  start and a small model's load), measured there as raylm's whole command on one document (bench/RESULTS.md,
+  bench/vs_loop.py --fixed-cost: 7.5 s and 8.7 s). A GPU cluster's start-up (nodes added, a large model's load) is
+  not known here and not estimated.
+- STREAM_START_S: what `raylm ppl` and `raylm kl` add to it, Ray Data's streaming pipeline (its executor, read
+  tasks and actor pool) started and stopped: measured on that machine, while shared, as 20 s of whole command
+  besides 3.6 s of estimated scoring (bench/plan_estimate.py --quick's 50-line corpus), 12 s over an eval's start.
 - GPU_TYPES: each card's published dense bf16 tensor peak and memory, times ASSUMED_GPU_UTILISATION. No GPU figure
   here is measured yet: they are assumptions until a benchmark on each card replaces them.
 """
@@ -22,6 +29,8 @@ FLOPS_PER_PARAMETER_TOKEN = 2.0
 PLACEMENT_GPU_ACTOR_FLOPS = 40e12
 PLACEMENT_CPU_THREAD_FLOPS = 20e9
 CPU_THREAD_FLOPS_MEASURED = 77.5e9
+CPU_RUN_START_S = 8.0
+STREAM_START_S = 12.0
 # Scoring is batched prefill, compute-bound: a third of the dense peak is an assumption, not a measurement.
 ASSUMED_GPU_UTILISATION = 1 / 3
 

@@ -225,6 +225,13 @@ def _plan_cpu(ask: Ask, capacity: Capacity, why: str) -> Placement:
                      f"{'s' if threads != 1 else ''} each), sized to {how}{work}; {why}", awaits_nodes=grown)
 
 
+def threads_with_reading(threads: int, actors: int, reserve_cpus: float) -> int:
+    """A CPU actor's torch threads where `reserve_cpus` are left to Ray Data's read tasks: that CPU is Ray's
+    bookkeeping, not the actors' idle core, and reading is light and comes in bursts, so the actors compute on it
+    too (one actor on a 2-core machine, 2 torch threads, not 1: scoring ran 1.7x slower so, bench/ppl_domains.py)."""
+    return threads + int(reserve_cpus // actors)
+
+
 def whole_cpu_share(node_cpus: list[float], actors: int, reserve: float = 0.0) -> int | None:
     """The most whole CPUs each of `actors` actors can have with all of them placed at once, one node each and
     `reserve` CPUs kept free on the largest node; None if not even one CPU each fits."""

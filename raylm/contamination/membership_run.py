@@ -36,7 +36,7 @@ from raylm.corpus.run import model_max_length
 from raylm.corpus.stream import stream_batches
 from raylm.errors import RaylmError
 from raylm.models.identity import pin_revision, scored_commit
-from raylm.models.spec import ModelSpec
+from raylm.models.spec import ModelSpec, check_model_path
 from raylm.results.report import prefix_sharing, run_config
 from raylm.scoring.membership import DEFAULT_K, check_k
 from raylm.storage.atomic import write_atomic
@@ -99,6 +99,7 @@ def _run_membership(cfg: MembershipConfig, out_dir: Location) -> dict[str, Any]:
 
     start = time.time()
     asked = cfg
+    check_model_path(cfg.model)
     cfg = replace(cfg, model=pin_revision(cfg.model))
     _, max_length, scorer = model_max_length(cfg.model)  # the model's context, or --max-length
     if scorer == "mlm":

@@ -11,10 +11,13 @@ through the filesystem their URI names, credentials and query options included, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 import pyarrow.fs
+import pyarrow.json
+import pyarrow.parquet
 
 from raylm.errors import InputError
 from raylm.results.corpus_labels import PATH_DOMAIN
@@ -124,3 +127,101 @@ model actors that hold every CPU wait for the rows."""
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+# What Ray Data's readers keep of the files a path names: their default file extensions per format (none for text),
+# and, inside a directory, no file whose path below it starts with one of these prefixes.
+RAY_EXTENSIONS = {"parquet": ("parquet",), "txt": (),
+                  "jsonl": tuple(f"{name}{z}" for z in ("", ".gz", ".br", ".zst", ".lz4")
+                                 for name in ("json", "jsonl"))}
+RAY_SKIPPED_PREFIXES = (".", "_")
+
+
+def read_documents(data: str, fmt: str, text_column: str, limit_docs: int | None, domain_column: str | None,
+                   rows: int) -> Iterator[pa.Table]:
+    """The documents read_corpus reads (the same files in the same order, the same rows, --limit-docs), in batches
+    of `rows` with their `text` and `path`, read in this process with pyarrow alone: a dry run plans the run's
+    batches from them and must start no Ray. The batches are cut where the run's are (every `rows` documents:
+    raylm.corpus.resume.blocks_of_batches)."""
+    fmt = detect_format(data) if fmt == "auto" else fmt
+    pending: list[pa.Table] = []
+    held = read = 0
+    for fs, path in _ray_files(data, fmt):
+        for table in _file_documents(fs, path, fmt, text_column, domain_column):
+            if limit_docs is not None:
+                table = table.slice(0, limit_docs - read)
+            read += table.num_rows
+            pending.append(table)
+            held += table.num_rows
+            while held >= rows:
+                batch = pa.concat_tables(pending)
+                yield batch.slice(0, rows)
+                pending, held = [batch.slice(rows)], held - rows
+            if limit_docs is not None and read >= limit_docs:
+                break
+        if limit_docs is not None and read >= limit_docs:
+            break
+    if held:
+        yield pa.concat_tables(pending)
+
+
+def _ray_files(data: str, fmt: str) -> list[tuple[pyarrow.fs.FileSystem, str]]:
+    """The files Ray Data reads for `data`, in its order: a directory's files sorted, less those it skips."""
+    out = []
+    for where in expand_paths(data):
+        try:
+            info = where.fs.get_file_info(where.path)
+            if info.type == pyarrow.fs.FileType.Directory:
+                base = where.path.rstrip("/")
+                found = where.fs.get_file_info(pyarrow.fs.FileSelector(base, recursive=True))
+                files = sorted(i.path for i in found if i.is_file and
+                               not i.path[len(base):].lstrip("/").startswith(RAY_SKIPPED_PREFIXES))
+            elif info.type == pyarrow.fs.FileType.NotFound:
+                raise InputError(str(where), "cannot read the corpus: no such file")
+            else:
+                files = [where.path]
+        except (OSError, ValueError) as e:
+            raise InputError(str(where), f"cannot read the corpus: {_first_line(e)}") from e
+        suffixes = tuple(f".{e}" for e in RAY_EXTENSIONS[fmt])
+        out += [(where.fs, f) for f in files if not suffixes or f.lower().endswith(suffixes)]
+    if not out:
+        raise InputError(redact(data), "the corpus has no rows")
+    return out
+
+
+def _file_documents(fs: pyarrow.fs.FileSystem, path: str, fmt: str, text_column: str, domain_column: str | None
+                    ) -> Iterator[pa.Table]:
+    """One file's documents as read_corpus's rows: `text`, `path`, and `domain` where a column names it."""
+    domain = domain_column not in (None, PATH_DOMAIN)
+    try:
+        if fmt == "parquet":
+            with fs.open_input_file(path) as f:
+                parquet = pyarrow.parquet.ParquetFile(f)
+                names = parquet.schema_arrow.names
+                _check_columns(path, names, text_column, domain_column if domain else None)
+                for batch in parquet.iter_batches(columns=[text_column, *([domain_column] if domain else [])]):
+                    yield _documents(pa.Table.from_batches([batch]), path, text_column, domain_column, domain)
+            return
+        with fs.open_input_stream(path, compression="detect") as f:
+            if fmt == "jsonl":
+                table = pyarrow.json.read_json(f)
+            else:
+                lines = [line for line in f.readall().decode("utf-8").splitlines() if line.strip()]
+                table, text_column, domain = pa.table({"text": pa.array(lines, pa.string())}), "text", False
+    except (OSError, ValueError) as e:
+        raise InputError(path, f"cannot read the corpus: {_first_line(e)}") from e
+    _check_columns(path, table.column_names, text_column, domain_column if domain else None)
+    yield _documents(table, path, text_column, domain_column, domain)
+
+
+def _check_columns(path: str, names: list[str], text_column: str, domain_column: str | None) -> None:
+    for column in (text_column, domain_column):
+        if column is not None and column not in names:
+            raise InputError(path, f"no such column (columns: {', '.join(names)})", field=column)
+
+
+def _documents(table: pa.Table, path: str, text_column: str, domain_column: str | None, domain: bool) -> pa.Table:
+    columns = {"text": table[text_column], "path": pa.array([path] * table.num_rows, pa.string())}
+    if domain:
+        columns["domain"] = table[domain_column]
+    return pa.table(columns)

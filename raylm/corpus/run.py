@@ -25,6 +25,7 @@ import ray
 from ray.actor import ActorHandle
 from tqdm import tqdm
 
+from raylm.cluster.placement import threads_with_reading
 from raylm.cluster.runtime import connect, local_cpus_needed, plan_actors, read_in
 from raylm.cluster.scheduler import shard_delay
 from raylm.corpus import CHECKPOINT_EVERY_S, READ_CPUS, SCORING_DOCS_PER_BATCH
@@ -121,8 +122,8 @@ def result_label(cfg: CorpusConfig, scorer: str) -> str:
 
 
 def model_max_length(spec: ModelSpec):
-    """The model's tokenizer, context length and scorer ("causal" or "mlm"), read without loading weights."""
-    check_model_path(spec)
+    """The model's tokenizer, context length and scorer ("causal" or "mlm"), read without loading weights (a
+    folder without them too: a dry run plans from it; a run checks them first, check_model_path)."""
     tokenizer = load_tokenizer(spec)
     config = load_config(spec)
     scorer = resolve_scorer(spec, config)
@@ -234,6 +235,9 @@ def plan_corpus(cfg: CorpusConfig) -> Plan:
 def _run_corpus(cfg: CorpusConfig, out_dir: Location, actors: list[ActorHandle] | None,
                 reading: ReadingGroup | None) -> CorpusResult:
     start = time.time()
+    for spec in (cfg.model, cfg.model_b):
+        if spec is not None:
+            check_model_path(spec)
     asked = cfg
     plan = plan_corpus(cfg)
     cfg = plan.config
@@ -277,10 +281,7 @@ def _on_actor_pool(ds: ray.data.Dataset, plan: Plan, checkpoint: CorpusCheckpoin
     recipe, n = plan_actors(cfg.model, cfg.actors, None, reserve_cpus=READ_CPUS)
     log.info("placement: %s", recipe.reason)
     if recipe.num_gpus == 0:
-        # The CPU left to reading is Ray's bookkeeping, not the actors' idle core: reading is light and comes in
-        # bursts, so CPU actors compute on it too (one actor on a 2-core machine, 2 torch threads, not 1: the
-        # scoring ran 1.7x slower so, bench/ppl_domains.py).
-        recipe = replace(recipe, threads=recipe.threads + int(READ_CPUS // n))
+        recipe = replace(recipe, threads=threads_with_reading(recipe.threads, n, READ_CPUS))
     if cfg.placement_timeout_s is not None:
         ds.context.wait_for_min_actors_s = cfg.placement_timeout_s
     # The actors load onto the placement's device (recipe.spec); Q lives beside P.

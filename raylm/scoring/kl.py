@@ -42,6 +42,15 @@ GPU_TOKEN_BUDGET = 16384
 LOGITS_SHARE = 4
 
 
+def planned_kl_tokens(contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], max_length: int
+                      ) -> tuple[int, int]:
+    """(tokens in requests, tokens each model computes) of one KLScorer.score call, with no model: every request
+    with a continuation runs its input once, in one row of its own (a long one in pieces over the KV cache, which
+    split the input without repeating a token), whatever the batches and the token budget."""
+    inputs = [model_input(c, t, max_length) for c, t in zip(contexts, continuations)]
+    return sum(len(x) for x in inputs), sum(len(x) for x, t in zip(inputs, continuations) if t)
+
+
 @dataclass
 class KLScores:
     """Per request: summed KL(P||Q) and NLL of each model over its continuation, and argmax disagreements."""
@@ -68,6 +77,7 @@ class KLScorer:
         self.device = input_device(model_p)  # where P's distribution, and so the comparison, lives
         self.budget = TokenBudget(token_budget or (GPU_TOKEN_BUDGET if self.device.type == "cuda"
                                                    else CPU_TOKEN_BUDGET))
+        self.computed_tokens = 0  # token columns each model has run so far (padding excluded), as Scorer counts
         budget = logits_budget or logits_budget_bytes(self.device.type)
         self.max_predicted = min(max_predicted_positions(m, m.get_output_embeddings(), budget // LOGITS_SHARE)
                                  for m in (model_p, model_q))
@@ -118,6 +128,7 @@ class KLScorer:
         for rows, predicts in passes:
             logp = self._logprobs(self.model_p, rows, predicts, caches[0])
             logq = self._logprobs(self.model_q, rows, predicts, caches[1]).to(logp.device)
+            self.computed_tokens += sum(len(row) for row in rows)  # once both passes ran (not a pass out of memory)
             if logp.shape[-1] != logq.shape[-1]:
                 raise RaylmError(f"the two models' logits are {logp.shape[-1]} and {logq.shape[-1]} ids wide, which "
                                  "their configs did not say; KL compares distributions over the same ids")
