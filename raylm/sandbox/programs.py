@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,32 +208,32 @@ def _kill(proc: subprocess.Popen, sandbox_pidfd: int | None) -> None:
         log.warning("a program's processes (group %s) outlived SIGKILL by %s s", proc.pid, REAP_S)
 
 
-def _running_in_group(pgid: int) -> bool:
-    """Whether a process of the group is still running (a zombie no longer runs)."""
+def _proc_files(name: str) -> Iterator[str]:
+    """/proc/<pid>/<name> of every process, but those that end while it is read."""
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
-                stat = Path(entry.path, "stat").read_text()
+                yield Path(entry.path, name).read_text()
             except OSError:  # it ended while it was read
                 continue
-            state, _, group = stat[stat.rindex(")") + 2:].split()[:3]
-            if int(group) == pgid and state != "Z":
-                return True
+
+
+def _running_in_group(pgid: int) -> bool:
+    """Whether a process of the group is still running (a zombie no longer runs)."""
+    for stat in _proc_files("stat"):
+        state, _, group = stat[stat.rindex(")") + 2:].split()[:3]
+        if int(group) == pgid and state != "Z":
+            return True
     return False
 
 
 def _tasks_of(uid: int) -> int:
     """The tasks (threads too) RLIMIT_NPROC counts for this user now."""
     count = 0
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                status = Path(entry.path, "status").read_text()
-            except OSError:  # it ended while it was read
-                continue
-            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-            if int(fields["Uid"].split()[0]) == uid:
-                count += int(fields["Threads"])
+    for status in _proc_files("status"):
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if int(fields["Uid"].split()[0]) == uid:
+            count += int(fields["Threads"])
     return count
 
 
