@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from lm_eval.tasks import TaskManager
 
@@ -54,6 +55,14 @@ def offline() -> bool:
     return any(os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE") for name in OFFLINE_VARIABLES)
 
 
+def _found(nltk: Any) -> bool:
+    try:
+        nltk.data.find(PUNKT_TAB)
+    except LookupError:  # nltk's answer for data not on its path
+        return False
+    return True
+
+
 def require_punkt_tab(manager: TaskManager, leaves: Iterable[str]) -> None:
     """punkt_tab on nltk's data path (NLTK_DATA and nltk's default folders) when an IFEval task is selected:
     downloaded as lm-eval would, unless offline; or one line saying what is missing and how to get it."""
@@ -62,11 +71,8 @@ def require_punkt_tab(manager: TaskManager, leaves: Iterable[str]) -> None:
         return
     import nltk
 
-    try:
-        nltk.data.find(PUNKT_TAB)
+    if _found(nltk):
         return
-    except LookupError:
-        pass
     missing = (f"{tasks[0]} needs nltk's punkt_tab ({PUNKT_TAB}), which is not on nltk's data path "
                f"({os.pathsep.join(map(str, nltk.data.path))})")
     if offline():
