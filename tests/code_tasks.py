@@ -16,11 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import datasets
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from offline_tasks import data_files, lmeval_tasks_dir, override  # noqa: E402
+from offline_tasks import data_files, lmeval_tasks_dir, override
 
 # (entry point, HumanEval-style prompt, a correct completion of it, a wrong one, assertions on `candidate`)
 PROBLEMS = [
@@ -69,20 +65,26 @@ def mbppplus_rows() -> list[dict]:
             for row in mbpp_rows()]
 
 
-FEATURES = {
-    "humaneval": datasets.Features({k: datasets.Value("string") for k in
-                                    ("task_id", "prompt", "canonical_solution", "test", "entry_point")}),
-    "mbpp": datasets.Features({"task_id": datasets.Value("int32"), "text": datasets.Value("string"),
-                               "code": datasets.Value("string"),
-                               "test_list": datasets.Sequence(datasets.Value("string")),
-                               "test_setup_code": datasets.Value("string"),
-                               "challenge_test_list": datasets.Sequence(datasets.Value("string"))}),
-    "mbppplus": datasets.Features({"task_id": datasets.Value("int64"), "code": datasets.Value("string"),
-                                   "prompt": datasets.Value("string"), "source_file": datasets.Value("string"),
-                                   "test_imports": datasets.Sequence(datasets.Value("string")),
+def features(schema: str):
+    """The columns' types of each dataset (`datasets` is imported here, when a mirror is written)."""
+    import datasets
+
+    return {
+        "humaneval": datasets.Features({k: datasets.Value("string") for k in
+                                        ("task_id", "prompt", "canonical_solution", "test", "entry_point")}),
+        "mbpp": datasets.Features({"task_id": datasets.Value("int32"), "text": datasets.Value("string"),
+                                   "code": datasets.Value("string"),
                                    "test_list": datasets.Sequence(datasets.Value("string")),
-                                   "test": datasets.Value("string")}),
-}
+                                   "test_setup_code": datasets.Value("string"),
+                                   "challenge_test_list": datasets.Sequence(datasets.Value("string"))}),
+        "mbppplus": datasets.Features({"task_id": datasets.Value("int64"), "code": datasets.Value("string"),
+                                       "prompt": datasets.Value("string"), "source_file": datasets.Value("string"),
+                                       "test_imports": datasets.Sequence(datasets.Value("string")),
+                                       "test_list": datasets.Sequence(datasets.Value("string")),
+                                       "test": datasets.Value("string")}),
+    }[schema]
+
+
 # mirror folder -> (its rows, their features); the layout of tests/data/hf (<dataset_path>/<name or none>/<split>)
 MIRRORS = {
     "openai/openai_humaneval/none": (humaneval_rows, "humaneval"),
@@ -105,9 +107,11 @@ def write_code_tasks(out: Path) -> list[str]:
     """The mirrors under `out`/mirror and each task's `<task>_local` YAML in `out`; returns the task names."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    for folder, (rows, features) in MIRRORS.items():
-        datasets.Dataset.from_list(rows(), features=FEATURES[features]).save_to_disk(str(out / "mirror" / folder
-                                                                                       / "test"))
+    import datasets
+
+    for folder, (rows, schema) in MIRRORS.items():
+        datasets.Dataset.from_list(rows(), features=features(schema)).save_to_disk(str(out / "mirror" / folder
+                                                                                     / "test"))
     names = []
     for task, (rel, folder) in TASKS.items():
         include = lmeval_tasks_dir() / rel
