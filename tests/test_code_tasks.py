@@ -201,9 +201,10 @@ def test_hostile_programs_are_failed_samples_and_the_run_finishes(code_tasks, tm
     outcomes = {kinds[(s["doc_id"] * 4 + r) % len(kinds)]: (p["outcome"], p["detail"])
                 for s in ours["samples"]["humaneval_4_local"] for r, p in enumerate(s["programs"])}
     assert set(outcomes) == set(attacks), outcomes
-    assert outcomes["loops"] == ("timed out", "wall time")
+    # a busy loop meets its 3 s of CPU and its 3 s of wall time together: either stops it
+    assert outcomes["loops"] in {("timed out", "wall time"), ("killed by a limit", "cpu time")}
     assert outcomes["allocates 6 GiB"] == ("killed by a limit", "memory")
     assert all(outcome in ("failed", "killed by a limit") for kind, (outcome, _) in outcomes.items()
-               if kind not in ("loops",)), outcomes
+               if kind != "loops"), outcomes
     assert ours["results"]["humaneval_4_local"]["pass@2,create_test"] == 0.0
     assert not (home / "pwned").exists() and not escaped.exists()
