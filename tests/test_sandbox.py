@@ -214,3 +214,19 @@ def test_a_node_that_refuses_user_namespaces_quotes_bubblewrap(tmp_path, monkeyp
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     reason = sandbox_unavailable()
     assert reason is not None and refusal in reason and "user namespaces must be allowed" in reason
+
+
+def test_a_python_environment_under_tmp_is_seen_through_the_scratch_tmpfs(tmp_path):
+    """The sandbox's /tmp is its own tmpfs; a virtual environment that lives under the caller's /tmp (as CI's does)
+    is bound after it, so the interpreter is still there."""
+    venv = Path("/tmp") / f"raylm-sandbox-venv-{uuid.uuid4().hex}"
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
+                       check=True)
+        probe = ("import sys; from raylm.sandbox.programs import run_program, Limits; "
+                 "print(sys.prefix, run_program('import sys; assert sys.prefix == %r' % sys.prefix, Limits(wall_s=5)))")
+        ran = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=False,
+                             env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    finally:
+        subprocess.run(["rm", "-rf", str(venv)], check=True)
+    assert ran.stdout.split() == [str(venv), "Outcome(status='passed',", "detail='')"], ran.stderr[-2000:]

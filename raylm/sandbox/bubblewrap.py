@@ -71,11 +71,11 @@ def bwrap_command(scratch_bytes: int, env: dict[str, str], info_fd: int | None =
     cgroup), read-only system and Python folders, a fresh size-capped tmpfs as /tmp, the cwd and HOME, and nothing
     else writable (/ and /dev read-only)."""
     args = [shutil.which(BWRAP) or BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-            "--new-session", "--clearenv", *system_binds()]
-    for path in python_dirs():
+            "--new-session", "--clearenv", *system_binds(),
+            "--dev", "/dev", "--proc", "/proc", "--size", str(scratch_bytes), "--tmpfs", SCRATCH]
+    for path in python_dirs():  # after the scratch tmpfs, which would hide a Python environment under /tmp
         args += ["--ro-bind", path, path]
-    args += ["--dev", "/dev", "--proc", "/proc", "--size", str(scratch_bytes), "--tmpfs", SCRATCH,
-             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SCRATCH]
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SCRATCH]
     for name, value in env.items():
         args += ["--setenv", name, value]
     if info_fd is not None:
